@@ -1,0 +1,1 @@
+"""The built-in benchmarks, each a package registered under `metrale.benchmarks`."""

@@ -1,0 +1,275 @@
+"""GSM8K as a rollout benchmark: one grade-school math problem per rollout, exact-match reward.
+
+setup: pick the problem (a seeded permutation of the 1,319 test problems; rollouts past 1,319
+wrap around) and build the messages. generation: one chat call. scoring: extract the final
+number and compare it with the reference; reward 1.0 on equality, else 0.0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, ClassVar
+
+from metrale.benchmarks.gsm8k.answer import extract_answer, reference_answer
+from metrale.endpoint.client import CallRecord, ChatClient, EndpointError
+from metrale.plugin import (
+    BenchmarkResult,
+    Descriptor,
+    LogLine,
+    ParamSpec,
+    ParamValues,
+    PluginHandle,
+    Status,
+    Table,
+    validate_params,
+)
+from metrale.rollout import (
+    SUMMARY_STAGES,
+    Progress,
+    RolloutContext,
+    RolloutPlan,
+    RolloutRecord,
+    run_rollouts,
+    stage_spreads,
+)
+
+DEFAULT_SYSTEM_PROMPT = (
+    "Solve the math problem step by step. End with a line of the form '#### <number>'."
+)
+
+
+@dataclass(frozen=True)
+class Problem:
+    index: int
+    question: str
+    answer: str
+
+
+def load_problems() -> list[Problem]:
+    """The GSM8K test split shipped in this package (MIT licence, see data/LICENSE)."""
+    text = resources.files(__package__).joinpath("data/test.jsonl").read_text(encoding="utf-8")
+    problems = []
+    for i, line in enumerate(text.splitlines()):
+        if line.strip():
+            row = json.loads(line)
+            problems.append(Problem(i, row["question"], reference_answer(row["answer"])))
+    return problems
+
+
+class _Gsm8kRollout:
+    def __init__(self, bench: Gsm8kBenchmark, problem: Problem) -> None:
+        self.bench = bench
+        self.problem = problem
+
+    async def setup(self, ctx: RolloutContext) -> None:
+        values = self.bench.values
+        messages: list[dict[str, Any]] = []
+        if values["system_prompt"]:
+            messages.append({"role": "system", "content": values["system_prompt"]})
+        messages.append({"role": "user", "content": self.problem.question})
+        ctx.state["messages"] = messages
+        ctx.record.metrics["problem"] = self.problem.index
+        ctx.record.metrics["reference"] = self.problem.answer
+
+    async def generate(self, ctx: RolloutContext) -> None:
+        values = self.bench.values
+        assert self.bench.client is not None
+        seed = None if values["seed"] is None else values["seed"] + ctx.index
+        try:
+            call = await self.bench.client.chat(
+                ctx.state["messages"],
+                max_tokens=values["max_tokens"],
+                temperature=values["temperature"],
+                seed=seed,
+            )
+        except EndpointError as exc:
+            if exc.call is not None:
+                _record_call(ctx.record, exc.call)
+            raise
+        _record_call(ctx.record, call)
+        ctx.state["completion"] = call.content
+
+    async def score(self, ctx: RolloutContext) -> None:
+        parsed = extract_answer(ctx.state["completion"])
+        ctx.record.metrics["parsed"] = parsed
+        ctx.record.reward = 1.0 if parsed == self.problem.answer else 0.0
+
+
+def _record_call(record: RolloutRecord, call: CallRecord) -> None:
+    record.retries = call.retries
+    record.tokens.prompt = call.prompt_tokens
+    record.tokens.completion = call.completion_tokens
+    record.tokens.source = call.token_source
+    record.metrics["ttft_s"] = call.ttft_s
+    record.metrics["latency_s"] = call.latency_s
+    record.metrics["finish_reason"] = call.finish_reason
+
+
+class Gsm8kBenchmark:
+    descriptor: ClassVar[Descriptor] = Descriptor(
+        id="gsm8k",
+        name="GSM8K",
+        summary="Grade-school math word problems (test split, 1,319): one chat call per "
+        "rollout, reward 1 when the final number matches.",
+    )
+
+    def __init__(self) -> None:
+        self.values = ParamValues()
+        self.client: ChatClient | None = None
+        self._handle: PluginHandle | None = None
+        self._problems: list[Problem] = []
+        self._progress = Progress()
+        self._task: asyncio.Task[list[RolloutRecord]] | None = None
+        self._started = 0.0
+        self._logs: list[LogLine] = []
+
+    def parameters(self) -> list[ParamSpec]:
+        return [
+            ParamSpec(name="rollouts", type="int", default=64, min=1, max=1_000_000,
+                      help="number of rollouts (problems wrap around past 1,319)"),
+            ParamSpec(name="max_concurrent", type="int", default=None, min=1, nullable=True,
+                      help="rollouts in flight at once; none = unbounded"),
+            ParamSpec(name="max_tokens", type="int", default=256, min=1, max=1_000_000,
+                      help="completion token cap per call"),
+            ParamSpec(name="temperature", type="float", default=0.0, min=0.0, max=2.0,
+                      help="sampling temperature"),
+            ParamSpec(name="seed", type="int", default=0, min=0, nullable=True,
+                      help="problem order and per-call seed (seed + index); none = unseeded"),
+            ParamSpec(name="system_prompt", type="str", default=DEFAULT_SYSTEM_PROMPT,
+                      help="system message; empty for none"),
+        ]  # fmt: skip
+
+    def configure(self, values: Mapping[str, object]) -> ParamValues:
+        self.values = validate_params(self.parameters(), values)
+        return self.values
+
+    async def load(self, handle: PluginHandle) -> None:
+        self._handle = handle
+        self._problems = load_problems()
+        order = list(range(len(self._problems)))
+        random.Random(self.values["seed"]).shuffle(order)
+        self._order = order
+        self.client = await ChatClient(handle.target, handle.client_options).__aenter__()
+
+    def _plan(self) -> RolloutPlan:
+        assert self._handle is not None
+        handle = self._handle
+        return RolloutPlan(
+            benchmark=self.descriptor.id,
+            count=self.values["rollouts"],
+            max_concurrent=self.values["max_concurrent"],
+            make_task=lambda i: _Gsm8kRollout(
+                self, self._problems[self._order[i % len(self._order)]]
+            ),
+            on_record=handle.artifacts.append_record,
+            run_id=handle.artifacts.run_dir.name,
+        )
+
+    async def next(self) -> BenchmarkResult:
+        if self._task is None:
+            self._started = time.perf_counter()
+            assert self._handle is not None
+            self._handle.on_status("rollouts")
+            self._task = asyncio.create_task(run_rollouts(self._plan(), self._progress))
+        done, _ = await asyncio.wait({self._task}, timeout=0.25)
+        if not done:
+            return self._snapshot(Status.RUNNING)
+        records = self._task.result()
+        return self._snapshot(Status.COMPLETED, records)
+
+    def _snapshot(
+        self, status: Status, records: list[RolloutRecord] | None = None
+    ) -> BenchmarkResult:
+        p = self._progress
+        total = self.values["rollouts"]
+        elapsed = time.perf_counter() - self._started
+        result = BenchmarkResult(
+            status=status,
+            phase="rollouts" if status is Status.RUNNING else "done",
+            elapsed_s=elapsed,
+            done=p.done,
+            total=total,
+            summary=_progress_text(p, total),
+        )
+        if records is None:
+            return result
+        result.stages = stage_spreads(records)
+        result.metrics = _metrics(records, elapsed)
+        result.summary = (
+            f"{len(records)} rollouts, {result.metrics['errors']} errors, "
+            f"accuracy {result.metrics['accuracy']:.3f}, e2e {elapsed:.2f} s"
+        )
+        result.table = Table(
+            columns=["e2e", "err", "rew", *SUMMARY_STAGES],
+            rows=[
+                [
+                    f"{elapsed:.2f}",
+                    result.metrics["errors"],
+                    _opt(result.metrics["reward_mean"]),
+                    *(result.stages[s].cell() for s in SUMMARY_STAGES),
+                ]
+            ],
+        )
+        errors = [r for r in records if r.error]
+        if errors:
+            kinds: dict[str, int] = {}
+            for r in errors:
+                assert r.error is not None
+                kinds[r.error.type] = kinds.get(r.error.type, 0) + 1
+            self._logs.append(
+                LogLine(
+                    level="warn",
+                    message="failed rollouts: "
+                    + ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items())),
+                )
+            )
+        result.logs = list(self._logs)
+        return result
+
+    async def cleanup(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.client is not None:
+            await self.client.__aexit__(None, None, None)
+            self.client = None
+
+
+def _opt(x: float | int | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _progress_text(p: Progress, total: int) -> str:
+    reward = "-" if p.mean_reward is None else f"{p.mean_reward:.3f}"
+    return f"{p.done}/{total} rollouts · {p.errors} errors · reward {reward}"
+
+
+def _metrics(records: list[RolloutRecord], elapsed: float) -> dict[str, float | int | None]:
+    """Run-level numbers; `accuracy` counts failed rollouts as wrong, `reward_mean` skips them."""
+    rewards = [r.reward for r in records if r.reward is not None]
+    completion = [r.tokens.completion for r in records if r.tokens.completion is not None]
+    prompt = [r.tokens.prompt for r in records if r.tokens.prompt is not None]
+    sources = {r.tokens.source for r in records if r.tokens.source}
+    return {
+        "rollouts": len(records),
+        "errors": sum(1 for r in records if r.error),
+        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+        "accuracy": sum(rewards) / len(records) if records else 0.0,
+        "unparsed": sum(
+            1 for r in records if r.reward is not None and r.metrics.get("parsed") is None
+        ),
+        "retries": sum(r.retries for r in records),
+        "e2e_s": elapsed,
+        "prompt_tokens": sum(prompt) if prompt else None,
+        "completion_tokens": sum(completion) if completion else None,
+        "completion_tokens_per_s": sum(completion) / elapsed
+        if completion and elapsed > 0
+        else None,
+        "tokens_counted": 1 if "counted" in sources else 0,
+    }

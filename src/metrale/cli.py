@@ -1,0 +1,333 @@
+"""The `metrale` command: flags, exit codes, and choosing the target. No measuring here.
+
+Exit codes: 0 done (verdict passed or none), 1 verdict failed, 2 usage error, 3 run failed.
+A user's mistake is one line on stderr and exit 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+from metrale import __version__
+from metrale.errors import EXIT_USAGE, MetraleError, UsageError
+
+T = TypeVar("T")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line naming the problem and where help is."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
+def add_target_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("target")
+    g.add_argument(
+        "--target",
+        metavar="URL",
+        help="OpenAI-compatible base URL (default: start the embedded SmolLM2 model)",
+    )
+    g.add_argument("--model", help="model name (default: the first one the target serves)")
+    g.add_argument("--api-key", default=None, help="bearer token (default: $OPENAI_API_KEY)")
+    g.add_argument(
+        "--retries",
+        type=_non_negative_int,
+        default=2,
+        help="retries per call on connection errors, 429 and 5xx (default 2)",
+    )
+    g.add_argument(
+        "--request-timeout",
+        type=_positive_float,
+        default=120.0,
+        metavar="S",
+        help="seconds per request (default 120)",
+    )
+    g.add_argument("--no-stream", action="store_true", help="non-streaming calls")  # fmt: skip
+
+
+def build_parser() -> _Parser:
+    parser = _Parser(prog="metrale", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--version", action="version", version=f"metrale {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    run = sub.add_parser(
+        "run",
+        help="run one benchmark against a target",
+        description="Run a benchmark. Benchmark parameters are flags too: "
+        "--rollouts 8, or -p rollouts=8 (see 'metrale list').",
+    )
+    run.add_argument("benchmark", help="benchmark id (see 'metrale list')")
+    run.add_argument(
+        "-p",
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a benchmark parameter (repeatable)",
+    )
+    add_target_args(run)
+    run.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="run directory (default runs/<UTC timestamp>-<benchmark>)",
+    )
+    run.add_argument(
+        "--budgets",
+        type=Path,
+        metavar="FILE",
+        help="budgets file (default ./BENCH.toml when it exists)",
+    )
+    run.add_argument("--json", action="store_true", help="print the final result as JSON")
+    run.add_argument("--no-preflight", action="store_true", help="skip the 2+2 sanity check")
+    run.set_defaults(handler=cmd_run)
+
+    lst = sub.add_parser("list", help="list benchmarks with their parameters")
+    lst.add_argument("--json", action="store_true")
+    lst.set_defaults(handler=cmd_list)
+
+    sim = sub.add_parser("sim", help="serve the deterministic simulator endpoint")
+    sim.add_argument("--host", default="127.0.0.1")
+    sim.add_argument("--port", type=_non_negative_int, default=8000, help="0 picks a free port")
+    sim.add_argument("--model", default="metrale-sim")
+    sim.add_argument("--ttft", type=float, default=0.0, metavar="S", help="time to first token")
+    sim.add_argument("--itl", type=float, default=0.0, metavar="S", help="inter-token delay")
+    sim.add_argument("--output-tokens", type=_non_negative_int, default=16)
+    sim.add_argument("--reply", default=None, help="fixed reply text (split on spaces)")
+    sim.add_argument("--error-rate", type=float, default=0.0, help="fraction of calls to fail")
+    sim.add_argument(
+        "--error-kinds", default="5xx,drop,malformed", help="comma list of 5xx, drop, malformed"
+    )
+    sim.add_argument("--no-usage", action="store_true", help="send no usage in responses")
+    sim.add_argument("--seed", type=int, default=0)
+    sim.set_defaults(handler=cmd_sim)  # fmt: skip
+    return parser
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def run_async(make: Callable[[], Awaitable[T]]) -> T:
+    """asyncio.run with SIGTERM treated like Ctrl-C, so every `finally` and `async with` unwinds."""
+
+    async def main() -> T:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        if task is not None:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        return await make()
+
+    return asyncio.run(main())
+
+
+def parse_bench_args(extra: Sequence[str], pairs: Sequence[str]) -> dict[str, str]:
+    """`--rollouts 8`, `--max-concurrent=4`, `--no-flag` and `-p key=value` into a raw dict."""
+    raw: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"-p expects KEY=VALUE, got {pair!r}")
+        raw[key.strip().replace("-", "_")] = value
+    tokens = list(extra)
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if not tok.startswith("--") or len(tok) == 2:
+            raise UsageError(f"unexpected argument {tok!r}; benchmark parameters are --name VALUE")
+        name, sep, value = tok[2:].partition("=")
+        name = name.replace("-", "_")
+        if not sep:
+            nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+            if nxt is None or nxt.startswith("--"):
+                if name.startswith("no_"):
+                    name, value = name[3:], "false"
+                else:
+                    value = "true"
+            else:
+                value = nxt
+                i += 1
+        raw[name] = value
+        i += 1
+    return raw
+
+
+def resolve_api_key(flag: str | None) -> str | None:
+    return flag if flag is not None else os.environ.get("OPENAI_API_KEY")
+
+
+@contextlib.asynccontextmanager
+async def open_target(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """Yield a probed `Target`: the user's, or the embedded llama.cpp server started for us."""
+    from metrale.endpoint.client import Target
+    from metrale.endpoint.probe import probe
+
+    api_key = resolve_api_key(args.api_key)
+    if args.target:
+        found = await probe(args.target, args.model, api_key)
+        yield Target(base_url=found.base_url, model=found.model, api_key=api_key)
+        return
+    from metrale.endpoint.local import LocalLlamaServer, embedded_model_path
+
+    embedded_model_path()  # a missing extra is a usage error, before anything starts
+    print("starting the embedded llama.cpp server (SmolLM2-135M-Instruct)...", file=sys.stderr)
+    async with LocalLlamaServer() as server_url:
+        found = await probe(server_url, args.model, None)
+        yield Target(base_url=found.base_url, model=found.model, embedded=True)
+
+
+def client_options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from metrale.endpoint.client import ClientOptions
+
+    return ClientOptions(
+        request_timeout_s=args.request_timeout, retries=args.retries, stream=not args.no_stream
+    )
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    from metrale import runner
+    from metrale.plugin import load_budgets
+    from metrale.table import render
+
+    raw = parse_bench_args(extra, args.param)
+    budgets_path = args.budgets
+    if budgets_path is None and Path("BENCH.toml").is_file():
+        budgets_path = Path("BENCH.toml")
+    budgets = load_budgets(budgets_path, args.benchmark) if budgets_path else {}
+
+    async def go() -> runner.RunResult:
+        from metrale.endpoint.client import Target
+
+        request = runner.RunRequest(
+            benchmark=args.benchmark,
+            params=raw,
+            target=Target(base_url="", model=""),
+            client_options=client_options(args),
+            out=args.out,
+            budgets=budgets,
+            preflight=not args.no_preflight,
+        )
+        runner.prepare(request)  # bad parameters fail before a server starts
+        async with open_target(args) as target:
+            request.target = target
+            return await runner.run(request)
+
+    outcome = run_async(go)
+    result = outcome.result
+    out = sys.stderr if args.json else sys.stdout
+    if result.table.columns:
+        print(render(result.table.columns, result.table.rows), file=out)
+    for line in result.verdict.lines():
+        print(line, file=out)
+    if result.error:
+        print(f"run failed: {result.error}", file=sys.stderr)
+    print(f"run directory: {outcome.run_dir}", file=sys.stderr)
+    if args.json:
+        print(outcome.model_dump_json(indent=2))
+    return outcome.exit_code
+
+
+def cmd_list(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    from metrale.plugin import discover
+
+    _no_extra(extra)
+    found = discover()
+    if args.json:
+        out: list[dict[str, Any]] = []
+        for cls in found.values():
+            bench = cls()
+            out.append({
+                **cls.descriptor.model_dump(),
+                "parameters": [s.model_dump() for s in bench.parameters()],
+            })  # fmt: skip
+        print(json.dumps(out, indent=2))
+        return 0
+    for bench_id, cls in found.items():
+        d = cls.descriptor
+        print(f"{bench_id}: {d.name}. {d.summary}")
+        for spec in cls().parameters():
+            default = "none" if spec.default is None else repr(spec.default)
+            print(f"  --{spec.name.replace('_', '-'):<18} {spec.describe_type():<28} "
+                  f"default {default}  {spec.help}")  # fmt: skip
+        print()
+    return 0
+
+
+def cmd_sim(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    from metrale.endpoint.sim import ERROR_KINDS, SimConfig, serve_forever
+
+    _no_extra(extra)
+    kinds = tuple(k.strip() for k in args.error_kinds.split(",") if k.strip())
+    bad = [k for k in kinds if k not in ERROR_KINDS]
+    if bad or not kinds:
+        raise UsageError(f"unknown --error-kinds {bad}; accepted: {', '.join(ERROR_KINDS)}")
+    if not 0 <= args.error_rate <= 1:
+        raise UsageError(f"--error-rate {args.error_rate} is outside 0..1")
+    if args.ttft < 0 or args.itl < 0:
+        raise UsageError("--ttft and --itl must be >= 0 seconds")
+    config = SimConfig(
+        host=args.host, port=args.port, model=args.model, ttft_s=args.ttft, itl_s=args.itl,
+        output_tokens=args.output_tokens, reply=args.reply, error_rate=args.error_rate,
+        error_kinds=kinds, usage=not args.no_usage, seed=args.seed,
+    )  # fmt: skip
+    try:
+        run_async(lambda: serve_forever(config))
+    except asyncio.CancelledError:
+        pass
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+    return 0
+
+
+def _no_extra(extra: Sequence[str]) -> None:
+    if extra:
+        raise UsageError(f"unrecognized arguments: {' '.join(extra)}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if getattr(args, "handler", None) is None:
+            parser.print_help(sys.stderr)
+            return EXIT_USAGE
+        return int(args.handler(args, extra))
+    except MetraleError as exc:
+        print(f"metrale: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("metrale: interrupted", file=sys.stderr)
+        return 130

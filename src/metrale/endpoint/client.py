@@ -1,0 +1,306 @@
+"""OpenAI-compatible chat client that measures every call it makes.
+
+Definitions (each call, all on the monotonic clock, `send` = the moment the request is handed to
+the connection, after any client-side queueing):
+
+- **TTFT** (`ttft_s`) = first chunk carrying output (content, reasoning content or a tool-call
+  delta) − send. For a non-streaming call it equals the latency.
+- **latency** (`latency_s`) = last byte of the response − send.
+- **completion tokens**: `usage.completion_tokens` from the server (requested with
+  `stream_options.include_usage`), `token_source="usage"`; where the server sends no usage, the
+  number of output-bearing chunks, `token_source="counted"` (one token a chunk is what llama.cpp,
+  vLLM and SGLang send without speculative decoding).
+- **retries**: attempts beyond the first. Retried: connection errors (refused, reset, dropped
+  mid-stream), HTTP 429 and 5xx, with exponential backoff and full jitter. Not retried: timeouts,
+  4xx other than 429, malformed streams: a benchmark wants those to show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+from pydantic import BaseModel, Field
+
+
+class Target(BaseModel):
+    """The endpoint under test: an OpenAI-compatible base URL ending in /v1, and a model."""
+
+    base_url: str
+    model: str
+    api_key: str | None = None
+    embedded: bool = False
+
+    @staticmethod
+    def normalize_url(url: str) -> str:
+        """`http://h:p` and `http://h:p/` mean `http://h:p/v1`; any other path is kept."""
+        url = url.strip().rstrip("/")
+        scheme_end = url.find("://")
+        path = url[scheme_end + 3 :].partition("/")[2] if scheme_end >= 0 else ""
+        return url if path else url + "/v1"
+
+
+class ClientOptions(BaseModel):
+    request_timeout_s: float = 120.0
+    retries: int = 2
+    backoff_base_s: float = 0.25
+    backoff_max_s: float = 8.0
+    stream: bool = True
+
+
+class ToolCall(BaseModel):
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+class CallRecord(BaseModel):
+    """What one chat call did and how long it took (see the module docstring for definitions)."""
+
+    started_at: float = Field(description="wall-clock time of the first attempt (epoch s)")
+    ttft_s: float | None = None
+    latency_s: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    token_source: str | None = None
+    finish_reason: str | None = None
+    retries: int = 0
+    status: int | None = None
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    chunk_times_s: list[float] | None = None
+    error: str | None = None
+    error_kind: str | None = None
+
+
+class EndpointError(Exception):
+    """A call that failed after its retries; `kind` names the failure, `call` has the record."""
+
+    def __init__(self, kind: str, message: str, call: CallRecord | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.call = call
+
+    @property
+    def retries(self) -> int:
+        return self.call.retries if self.call else 0
+
+
+class _Retryable(Exception):
+    def __init__(self, kind: str, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.retry_after = retry_after
+
+
+class ChatClient:
+    """One pooled HTTP session to a target. Use as an async context manager."""
+
+    def __init__(self, target: Target, options: ClientOptions | None = None) -> None:
+        self.target = target
+        self.options = options or ClientOptions()
+        self._session: aiohttp.ClientSession | None = None
+        self._rng = random.Random()
+
+    async def __aenter__(self) -> ChatClient:
+        headers = {"Content-Type": "application/json"}
+        if self.target.api_key:
+            headers["Authorization"] = f"Bearer {self.target.api_key}"
+        # limit=0: the benchmark's own concurrency bound is the only bound; a pool limit here
+        # would add hidden queueing to every measured latency.
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        self._session = aiohttp.ClientSession(
+            headers=headers, connector=connector, timeout=aiohttp.ClientTimeout(total=None)
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def chat(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        seed: int | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+        extra: dict[str, Any] | None = None,
+        record_chunks: bool = False,
+    ) -> CallRecord:
+        """Send one chat completion; retry what is retryable; raise `EndpointError` at the end."""
+        body: dict[str, Any] = {"model": self.target.model, "messages": list(messages)}
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        if temperature is not None:
+            body["temperature"] = temperature
+        if seed is not None:
+            body["seed"] = seed
+        if tools:
+            body["tools"] = list(tools)
+        if self.options.stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        if extra:
+            body.update(extra)
+        payload = json.dumps(body).encode()
+        record = CallRecord(started_at=time.time())
+        attempt = 0
+        while True:
+            try:
+                await self._attempt(payload, record, record_chunks)
+                return record
+            except _Retryable as exc:
+                if attempt >= self.options.retries:
+                    record.error, record.error_kind = str(exc), exc.kind
+                    raise EndpointError(exc.kind, str(exc), record) from None
+                attempt += 1
+                record.retries = attempt
+                await asyncio.sleep(self._backoff(attempt, exc.retry_after))
+            except EndpointError as exc:
+                record.error, record.error_kind = str(exc), exc.kind
+                exc.call = record
+                raise
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        """Full jitter: uniform(0, min(max, base * 2**(attempt-1))), or the server's Retry-After."""
+        if retry_after is not None:
+            return min(retry_after, self.options.backoff_max_s)
+        cap = min(self.options.backoff_max_s, self.options.backoff_base_s * 2 ** (attempt - 1))
+        return self._rng.uniform(0, cap)
+
+    async def _attempt(self, payload: bytes, record: CallRecord, record_chunks: bool) -> None:
+        if self._session is None:
+            raise RuntimeError("ChatClient used outside 'async with'")
+        # Reset what a previous attempt may have filled in.
+        record.content, record.reasoning, record.tool_calls = "", "", []
+        record.ttft_s = record.latency_s = None
+        record.chunk_times_s = [] if record_chunks else None
+        url = self.target.base_url + "/chat/completions"
+        timeout = aiohttp.ClientTimeout(total=self.options.request_timeout_s)
+        send = time.perf_counter()
+        try:
+            async with self._session.post(url, data=payload, timeout=timeout) as resp:
+                record.status = resp.status
+                if resp.status == 429 or resp.status >= 500:
+                    text = (await resp.text())[:200]
+                    retry_after = _retry_after(resp.headers.get("Retry-After"))
+                    raise _Retryable(
+                        f"http_{resp.status}", f"HTTP {resp.status}: {text}", retry_after
+                    )
+                if resp.status >= 400:
+                    text = (await resp.text())[:300]
+                    raise EndpointError(f"http_{resp.status}", f"HTTP {resp.status}: {text}")
+                if self.options.stream and resp.content_type == "text/event-stream":
+                    await _read_stream(resp, record, send)
+                else:
+                    data = await resp.json(content_type=None)
+                    _read_body(data, record)
+                    record.ttft_s = time.perf_counter() - send
+                record.latency_s = time.perf_counter() - send
+        except TimeoutError:
+            raise EndpointError(
+                "timeout", f"no complete response within {self.options.request_timeout_s:g} s"
+            ) from None
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            raise _Retryable("connection", f"{type(exc).__name__}: {exc}") from None
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+async def _read_stream(resp: aiohttp.ClientResponse, record: CallRecord, send: float) -> None:
+    counted = 0
+    tool_calls: dict[int, ToolCall] = {}
+    done = False
+    async for raw in resp.content:
+        line = raw.strip()
+        if not line or line.startswith(b":"):
+            continue
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            done = True
+            break
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise EndpointError(
+                "malformed_stream", f"stream chunk is not JSON: {data[:80]!r}"
+            ) from None
+        if not isinstance(chunk, dict):
+            raise EndpointError("malformed_stream", f"stream chunk is not an object: {data[:80]!r}")
+        if "error" in chunk:
+            raise EndpointError("stream_error", f"server error in stream: {chunk['error']}")
+        usage = chunk.get("usage")
+        if usage:
+            record.prompt_tokens = usage.get("prompt_tokens")
+            record.completion_tokens = usage.get("completion_tokens")
+            record.token_source = "usage"
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            content = delta.get("content")
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            calls = delta.get("tool_calls")
+            if content or reasoning or calls:
+                now = time.perf_counter() - send
+                if record.ttft_s is None:
+                    record.ttft_s = now
+                if record.chunk_times_s is not None:
+                    record.chunk_times_s.append(now)
+                counted += 1
+            if content:
+                record.content += content
+            if reasoning:
+                record.reasoning += reasoning
+            for call in calls or ():
+                slot = tool_calls.setdefault(call.get("index", len(tool_calls)), ToolCall())
+                slot.id = call.get("id") or slot.id
+                fn = call.get("function") or {}
+                slot.name += fn.get("name") or ""
+                slot.arguments += fn.get("arguments") or ""
+            if choice.get("finish_reason"):
+                record.finish_reason = choice["finish_reason"]
+    if not done and record.finish_reason is None:
+        raise _Retryable("connection", "stream ended before [DONE] or a finish_reason")
+    record.tool_calls = [tool_calls[i] for i in sorted(tool_calls)]
+    if record.token_source is None:
+        record.completion_tokens = counted
+        record.token_source = "counted"
+
+
+def _read_body(data: Any, record: CallRecord) -> None:
+    if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+        raise EndpointError("malformed_response", "response has no 'choices' list")
+    usage = data.get("usage") or {}
+    if usage:
+        record.prompt_tokens = usage.get("prompt_tokens")
+        record.completion_tokens = usage.get("completion_tokens")
+        record.token_source = "usage"
+    if data["choices"]:
+        choice = data["choices"][0]
+        message = choice.get("message") or {}
+        record.content = message.get("content") or ""
+        record.reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+        record.finish_reason = choice.get("finish_reason")
+        record.tool_calls = [
+            ToolCall(
+                id=c.get("id") or "",
+                name=(c.get("function") or {}).get("name") or "",
+                arguments=(c.get("function") or {}).get("arguments") or "",
+            )
+            for c in message.get("tool_calls") or ()
+        ]

@@ -1,0 +1,211 @@
+"""`metrale sim`: a deterministic OpenAI-compatible chat endpoint for tests and overhead studies.
+
+It streams `output_tokens` tokens (capped by the request's `max_tokens`) with a fixed time to
+first token and inter-token delay, and injects faults at a given rate: HTTP 500, a connection
+dropped mid-stream, or a malformed stream chunk. With `itl_s = 0` all chunks leave in one write,
+so a run against it measures the harness, not the simulator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+ERROR_KINDS = ("5xx", "drop", "malformed")
+
+
+@dataclass
+class SimConfig:
+    host: str = "127.0.0.1"
+    port: int = 0
+    model: str = "metrale-sim"
+    ttft_s: float = 0.0
+    itl_s: float = 0.0
+    output_tokens: int = 16
+    reply: str | None = None
+    error_rate: float = 0.0
+    error_kinds: tuple[str, ...] = ERROR_KINDS
+    usage: bool = True
+    seed: int = 0
+    prompt_tokens: int | None = None
+
+
+@dataclass
+class SimStats:
+    requests: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+def _tokens(config: SimConfig) -> list[str]:
+    if config.reply is not None:
+        words = config.reply.split(" ")
+        return [w if i == len(words) - 1 else w + " " for i, w in enumerate(words)]
+    return [f"tok{i} " for i in range(config.output_tokens)]
+
+
+class SimServer:
+    """The simulator as an aiohttp application; `start()` returns the base URL."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.stats = SimStats()
+        self._rng = random.Random(config.seed)
+        self._tokens = _tokens(config)
+        self._runner: web.AppRunner | None = None
+        self.base_url = ""
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        return app
+
+    async def start(self) -> str:
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        # A deep backlog: a burst of 1,024 connects must not overflow into SYN retries (1 s).
+        site = web.TCPSite(self._runner, self.config.host, self.config.port, backlog=4096)
+        await site.start()
+        sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
+        port = sockets[0].getsockname()[1] if sockets else self.config.port
+        self.base_url = f"http://{self.config.host}:{port}/v1"
+        return self.base_url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"object": "list", "data": [{"id": self.config.model, "object": "model"}]}
+        )
+
+    def _fault(self) -> str | None:
+        if self.config.error_rate <= 0 or self._rng.random() >= self.config.error_rate:
+            return None
+        return self._rng.choice(self.config.error_kinds)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        self.stats.requests += 1
+        try:
+            body = await request.json()
+        except ValueError:
+            return web.json_response({"error": {"message": "body is not JSON"}}, status=400)
+        model = body.get("model")
+        if model != self.config.model:
+            return web.json_response(
+                {"error": {"message": f"model {model!r} not found"}}, status=404
+            )
+        fault = self._fault()
+        if fault:
+            self.stats.errors[fault] = self.stats.errors.get(fault, 0) + 1
+        if fault == "5xx":
+            return web.json_response({"error": {"message": "injected failure"}}, status=500)
+        tokens = self._tokens
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+        finish = "stop"
+        if isinstance(max_tokens, int) and max_tokens < len(tokens):
+            tokens, finish = tokens[:max_tokens], "length"
+        prompt_tokens = self.config.prompt_tokens or _count_prompt(body.get("messages"))
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": len(tokens),
+            "total_tokens": prompt_tokens + len(tokens),
+        }
+        created = int(time.time())
+        if self.config.ttft_s > 0:
+            await asyncio.sleep(self.config.ttft_s)
+        if not body.get("stream"):
+            out = {
+                "id": "chatcmpl-sim",
+                "object": "chat.completion",
+                "created": created,
+                "model": self.config.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "".join(tokens)},
+                        "finish_reason": finish,
+                    }
+                ],
+            }
+            if self.config.usage:
+                out["usage"] = usage
+            if self.config.itl_s > 0 and len(tokens) > 1:
+                await asyncio.sleep(self.config.itl_s * (len(tokens) - 1))
+            return web.json_response(out)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        want_usage = self.config.usage and (body.get("stream_options") or {}).get("include_usage")
+        frames = [_frame(created, self.config.model, {"content": tok}, None) for tok in tokens]
+        frames.append(_frame(created, self.config.model, {}, finish))
+        if want_usage:
+            frames.append(_usage_frame(created, self.config.model, usage))
+        frames.append(b"data: [DONE]\n\n")
+        if fault == "drop":
+            await resp.write(b"".join(frames[: max(1, len(tokens) // 2)]))
+            if request.transport is not None:
+                request.transport.close()
+            return resp
+        if fault == "malformed":
+            frames.insert(max(1, len(tokens) // 2), b'data: {"choices": [{"delta": \n\n')
+        if self.config.itl_s <= 0:
+            await resp.write(b"".join(frames))
+        else:
+            for i, frame in enumerate(frames):
+                if 0 < i < len(tokens):
+                    await asyncio.sleep(self.config.itl_s)
+                await resp.write(frame)
+        await resp.write_eof()
+        return resp
+
+
+def _count_prompt(messages: object) -> int:
+    """Whitespace-separated words of every message: a stable stand-in for a tokenizer."""
+    if not isinstance(messages, list):
+        return 0
+    return sum(len(str(m.get("content", "")).split()) for m in messages if isinstance(m, dict))
+
+
+def _frame(created: int, model: str, delta: dict[str, str], finish: str | None) -> bytes:
+    chunk = {
+        "id": "chatcmpl-sim",
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _usage_frame(created: int, model: str, usage: dict[str, int]) -> bytes:
+    chunk = {
+        "id": "chatcmpl-sim",
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage,
+    }
+    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def serve_forever(config: SimConfig) -> None:
+    """Run until cancelled; print the base URL on one line first so a parent can read it."""
+    server = SimServer(config)
+    url = await server.start()
+    print(f"metrale sim listening on {url}", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await server.stop()

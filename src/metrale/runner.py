@@ -1,0 +1,240 @@
+"""Drive one benchmark from parameters to a final result, and keep its run directory.
+
+The run directory (`runs/<UTC timestamp>-<benchmark>/` or `--out`) holds `run.json` (parameters,
+target, model, metrale version, preflight), `rollouts.jsonl` (appended and flushed as each
+rollout ends) and `result.json` (the final snapshot: metrics, stage summaries, verdict), written
+last and atomically. The runner owns the live progress display; it knows nothing of what a
+benchmark measures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import platform
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from pydantic import BaseModel, Field
+
+from metrale import __version__
+from metrale.endpoint.client import ClientOptions, Target
+from metrale.endpoint.probe import Preflight, preflight
+from metrale.errors import EXIT_OK, EXIT_RUN_FAILED, EXIT_VERDICT_FAILED, UsageError
+from metrale.plugin import (
+    Artifacts,
+    Benchmark,
+    BenchmarkResult,
+    LogLine,
+    PluginHandle,
+    Status,
+    check_bounds,
+    get_benchmark,
+)
+from metrale.runtime.base import RuntimeConfig
+
+
+class RunInfo(BaseModel):
+    """What was run, against what, by which metrale: written before the first rollout."""
+
+    benchmark: str
+    params: dict[str, Any]
+    target: str
+    model: str
+    embedded: bool = False
+    runtime: dict[str, Any] | None = None
+    client: dict[str, Any] = Field(default_factory=dict)
+    budgets: dict[str, float] = Field(default_factory=dict)
+    metrale_version: str = __version__
+    python: str = platform.python_version()
+    host: str = platform.node()
+    started_at: str
+    preflight: Preflight | None = None
+
+
+class RunResult(BaseModel):
+    info: RunInfo
+    run_dir: str
+    result: BenchmarkResult
+    e2e_s: float
+    exit_code: int
+
+
+@dataclass
+class RunRequest:
+    benchmark: str
+    params: Mapping[str, object]
+    target: Target
+    client_options: ClientOptions = field(default_factory=ClientOptions)
+    runtime: RuntimeConfig | None = None
+    runtime_retries: int = 0
+    out: Path | None = None
+    runs_dir: Path = Path("runs")
+    budgets: Mapping[str, float] = field(default_factory=dict)
+    preflight: bool = True
+    progress: TextIO | None = field(default_factory=lambda: sys.stderr)
+
+
+def prepare(request: RunRequest) -> tuple[Benchmark, dict[str, Any]]:
+    """Find and configure the benchmark: every usage error surfaces here, before any work."""
+    bench = get_benchmark(request.benchmark)()
+    values = bench.configure(dict(request.params))
+    check_bounds({}, request.budgets)
+    return bench, dict(values)
+
+
+def new_run_dir(request: RunRequest) -> Path:
+    if request.out is not None:
+        path = request.out
+    else:
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+        path = request.runs_dir / f"{stamp}-{request.benchmark}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create run directory {path}: {exc.strerror}") from None
+    for stale in ("rollouts.jsonl", "result.json"):
+        (path / stale).unlink(missing_ok=True)
+    return path
+
+
+async def run(request: RunRequest) -> RunResult:
+    """Run one benchmark end to end; the returned result is also in `<run_dir>/result.json`."""
+    bench, values = prepare(request)
+    display = LiveProgress(request.progress)
+    check = None
+    if request.preflight:
+        display.phase("preflight")
+        check = await preflight(request.target, request.client_options)
+        if not check.ok:
+            display.log(
+                LogLine(
+                    level="warn",
+                    message="preflight: the model did not answer 2+2 with 4 "
+                    f"({check.error or repr(check.answer[:60])}); going on",
+                )
+            )
+    run_dir = new_run_dir(request)
+    artifacts = Artifacts(run_dir)
+    info = RunInfo(
+        benchmark=request.benchmark,
+        params=values,
+        target=request.target.base_url,
+        model=request.target.model,
+        embedded=request.target.embedded,
+        runtime=request.runtime.model_dump() if request.runtime else None,
+        client=request.client_options.model_dump(),
+        budgets=dict(request.budgets),
+        started_at=datetime.now(UTC).isoformat(),
+        preflight=check,
+    )
+    artifacts.write_json("run.json", info)
+    handle = PluginHandle(
+        target=request.target,
+        artifacts=artifacts,
+        client_options=request.client_options,
+        runtime=request.runtime,
+        runtime_retries=request.runtime_retries,
+        on_status=display.phase,
+        on_progress=display.progress,
+    )
+    started = time.perf_counter()
+    final = BenchmarkResult(status=Status.FAILED, error="run did not start")
+    seen_logs = 0
+    try:
+        display.phase("load")
+        await bench.load(handle)
+        while True:
+            snapshot = await bench.next()
+            for line in snapshot.logs[seen_logs:]:
+                display.log(line)
+            seen_logs = len(snapshot.logs)
+            display.snapshot(snapshot)
+            if snapshot.status is not Status.RUNNING:
+                final = snapshot
+                break
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        final = final.model_copy(update={"status": Status.FAILED, "error": "interrupted"})
+        raise
+    except UsageError:
+        raise
+    except Exception as exc:  # a benchmark bug or a lost target: keep what finished, say why
+        final = BenchmarkResult(status=Status.FAILED, error=f"{type(exc).__name__}: {exc}")
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(bench.cleanup())
+        artifacts.close()
+        display.close()
+        e2e = time.perf_counter() - started
+        final.verdict = final.verdict.merged(check_bounds(final.metrics, request.budgets))
+        code = exit_code(final)
+        outcome = RunResult(
+            info=info, run_dir=str(run_dir), result=final, e2e_s=e2e, exit_code=code
+        )
+        artifacts.write_json("result.json", outcome)
+    return outcome
+
+
+def exit_code(result: BenchmarkResult) -> int:
+    if result.status is not Status.COMPLETED:
+        return EXIT_RUN_FAILED
+    return EXIT_VERDICT_FAILED if result.verdict.passed is False else EXIT_OK
+
+
+class LiveProgress:
+    """One refreshing status line on a terminal; plain lines, at most every 2 s, otherwise."""
+
+    def __init__(self, stream: TextIO | None, interval_s: float = 2.0) -> None:
+        self.stream = stream
+        self.tty = bool(stream is not None and stream.isatty())
+        self.interval_s = interval_s
+        self._last_emit = 0.0
+        self._last_text = ""
+        self._phase = ""
+
+    def _write(self, text: str, *, force: bool = False) -> None:
+        if self.stream is None:
+            return
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + text)
+            self.stream.flush()
+            self._last_text = text
+            return
+        now = time.monotonic()
+        if text != self._last_text and (force or now - self._last_emit >= self.interval_s):
+            self.stream.write(text + "\n")
+            self.stream.flush()
+            self._last_emit, self._last_text = now, text
+
+    def phase(self, name: str) -> None:
+        if name != self._phase:
+            self._phase = name
+            self._write(f"[{name}]", force=True)
+
+    def progress(self, done: int, total: int | None) -> None:
+        self._write(f"[{self._phase}] {done}/{total if total is not None else '?'}")
+
+    def snapshot(self, result: BenchmarkResult) -> None:
+        text = f"[{result.phase}] {result.summary}  ({result.elapsed_s:.1f} s)"
+        self._write(text, force=result.status is not Status.RUNNING)
+
+    def log(self, line: LogLine) -> None:
+        if self.stream is None:
+            return
+        if self.tty and self._last_text:
+            self.stream.write("\r\x1b[2K")
+        prefix = {"info": "", "warn": "warning: ", "error": "error: "}[line.level]
+        self.stream.write(prefix + line.message + "\n")
+        if self.tty and self._last_text:
+            self.stream.write(self._last_text)
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.stream is not None and self.tty and self._last_text:
+            self.stream.write("\n")
+            self.stream.flush()

@@ -1,0 +1,68 @@
+"""The runtime contract: provision a sandbox, run commands in it, move files, tear it down.
+
+`start()` is timed as the rollout's setup stage. `stop()` is idempotent and must leave no
+process behind. Expected failures of a command (non-zero exit, timeout) are data in
+`ProgramResult`; a sandbox that cannot be provisioned raises `RuntimeStartError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Protocol, Self, runtime_checkable
+
+from pydantic import BaseModel
+
+
+class RuntimeStartError(Exception):
+    """The sandbox could not be provisioned (retried by `--retries-runtime`)."""
+
+    kind = "runtime_start"
+
+
+class ProgramResult(BaseModel):
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    duration_s: float = 0.0
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
+
+
+class RuntimeConfig(BaseModel):
+    """Base of every runtime's config; concrete configs set `type` to a literal."""
+
+    type: str
+    output_cap_bytes: int = 1 << 20
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    config: RuntimeConfig
+
+    async def start(self) -> None: ...
+
+    async def run(
+        self,
+        command: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+    ) -> ProgramResult: ...
+
+    async def read(self, path: str) -> bytes: ...
+
+    async def write(self, path: str, data: bytes | str) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...

@@ -1,0 +1,127 @@
+"""Percentiles, stage summaries and bootstrap intervals: defined once, used everywhere.
+
+Percentiles use linear interpolation between closest ranks (numpy's default "linear" method,
+Hyndman & Fan type 7): for sorted values x[0..n-1] and q in [0, 100], the rank is
+h = (n - 1) * q / 100 and the percentile is
+x[floor(h)] + (h - floor(h)) * (x[ceil(h)] - x[floor(h)]).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+
+from pydantic import BaseModel
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100) of `values` by linear interpolation; None when empty."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q must be within 0..100, got {q}")
+    if not values:
+        return None
+    xs = sorted(values)
+    h = (len(xs) - 1) * q / 100.0
+    lo = math.floor(h)
+    hi = math.ceil(h)
+    return xs[lo] + (h - lo) * (xs[hi] - xs[lo])
+
+
+def mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+class Spread(BaseModel):
+    """p50 with its p10–p90 range: how metrale reports every stage duration."""
+
+    n: int
+    p10: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    mean: float | None = None
+    min: float | None = None
+    max: float | None = None
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        if not values:
+            return cls(n=0)
+        return cls(
+            n=len(values),
+            p10=percentile(values, 10),
+            p50=percentile(values, 50),
+            p90=percentile(values, 90),
+            mean=mean(values),
+            min=min(values),
+            max=max(values),
+        )
+
+    def cell(self, digits: int = 3) -> str:
+        """`p50 (p10–p90)` in seconds, the form of every stage column; `-` when empty."""
+        if self.p50 is None or self.p10 is None or self.p90 is None:
+            return "-"
+        return f"{_fmt(self.p50, digits)} ({_fmt(self.p10, digits)}–{_fmt(self.p90, digits)})"
+
+
+def _fmt(x: float, digits: int) -> str:
+    """Seconds as plain decimals (never scientific): 3 places below 10 s, fewer above,
+    and two significant digits below 1 ms so that microseconds still show."""
+    if x == 0:
+        return "0"
+    ax = abs(x)
+    if ax >= 100:
+        return f"{x:.0f}"
+    if ax >= 10:
+        return f"{x:.1f}"
+    if ax >= 0.001:
+        return f"{x:.{digits}f}"
+    places = 1 - math.floor(math.log10(ax))
+    return f"{x:.{places}f}"
+
+
+class Interval(BaseModel):
+    """A point estimate with its bootstrap confidence interval."""
+
+    estimate: float
+    low: float
+    high: float
+    level: float = 0.95
+
+
+def bootstrap_diff(
+    a: Sequence[float],
+    b: Sequence[float],
+    stat: Callable[[Sequence[float]], float | None] = lambda xs: percentile(xs, 50),
+    *,
+    resamples: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> Interval:
+    """The difference stat(b) - stat(a) with a percentile-bootstrap interval.
+
+    Each resample draws len(a) values from a and len(b) from b with replacement, independently;
+    the interval is the (1-level)/2 and (1+level)/2 percentiles of the resampled differences.
+    """
+    if not a or not b:
+        raise ValueError("bootstrap needs two non-empty samples")
+    rng = random.Random(seed)
+    point = _num(stat(b)) - _num(stat(a))
+    diffs = []
+    for _ in range(resamples):
+        ra = rng.choices(a, k=len(a))
+        rb = rng.choices(b, k=len(b))
+        diffs.append(_num(stat(rb)) - _num(stat(ra)))
+    alpha = (1 - level) / 2 * 100
+    return Interval(
+        estimate=point,
+        low=_num(percentile(diffs, alpha)),
+        high=_num(percentile(diffs, 100 - alpha)),
+        level=level,
+    )
+
+
+def _num(x: float | None) -> float:
+    if x is None:
+        raise ValueError("statistic of an empty sample")
+    return x
