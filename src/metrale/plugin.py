@@ -275,6 +275,7 @@ class Artifacts:
 
     run_dir: Path
     _records: Any = field(default=None, repr=False)
+    _logs: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def path(self, name: str) -> Path:
         return self.run_dir / name
@@ -285,6 +286,15 @@ class Artifacts:
             self._records = open(self.run_dir / "rollouts.jsonl", "a", encoding="utf-8")  # noqa: SIM115
         self._records.write(record.model_dump_json() + "\n")
         self._records.flush()
+
+    def append_line(self, name: str, record: BaseModel) -> None:
+        """Append one JSON line to another log in the run directory (e.g. `requests.jsonl`)
+        and flush it, with the same guarantee as `append_record`."""
+        log = self._logs.get(name)
+        if log is None:
+            log = self._logs[name] = open(self.run_dir / name, "a", encoding="utf-8")  # noqa: SIM115
+        log.write(record.model_dump_json() + "\n")
+        log.flush()
 
     def write_json(self, name: str, model: BaseModel) -> Path:
         target = self.run_dir / name
@@ -297,6 +307,9 @@ class Artifacts:
         if self._records is not None:
             self._records.close()
             self._records = None
+        for log in self._logs.values():
+            log.close()
+        self._logs.clear()
 
 
 @dataclass
