@@ -130,6 +130,20 @@ def build_parser() -> _Parser:
     )
     sim.add_argument("--no-usage", action="store_true", help="send no usage in responses")
     sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument(
+        "--max-running",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="capacity: at most N requests served at once, the rest queue (0 = no cap)",
+    )
+    sim.add_argument(
+        "--token-budget",
+        type=float,
+        default=0.0,
+        metavar="TOK_S",
+        help="capacity: output tokens/s shared by all streams (0 = no budget)",
+    )
     sim.set_defaults(handler=cmd_sim)  # fmt: skip
     return parser
 
@@ -298,10 +312,13 @@ def cmd_sim(args: argparse.Namespace, extra: Sequence[str]) -> int:
         raise UsageError(f"--error-rate {args.error_rate} is outside 0..1")
     if args.ttft < 0 or args.itl < 0:
         raise UsageError("--ttft and --itl must be >= 0 seconds")
+    if args.token_budget < 0:
+        raise UsageError(f"--token-budget {args.token_budget} must be >= 0 tokens/s")
     config = SimConfig(
         host=args.host, port=args.port, model=args.model, ttft_s=args.ttft, itl_s=args.itl,
         output_tokens=args.output_tokens, reply=args.reply, error_rate=args.error_rate,
         error_kinds=kinds, usage=not args.no_usage, seed=args.seed,
+        max_running=args.max_running or None, token_budget=args.token_budget or None,
     )  # fmt: skip
     try:
         run_async(lambda: serve_forever(config))

@@ -4,6 +4,12 @@ It streams `output_tokens` tokens (capped by the request's `max_tokens`) with a 
 first token and inter-token delay, and injects faults at a given rate: HTTP 500, a connection
 dropped mid-stream, or a malformed stream chunk. With `itl_s = 0` all chunks leave in one write,
 so a run against it measures the harness, not the simulator.
+
+Capacity model (for load tests whose knee is known in advance): with `max_running = N` at most N
+requests are served at once and the rest wait in arrival order before their TTFT starts; with
+`token_budget = B` all streams together emit at most B tokens/s (each token waits for its turn
+on a shared clock). `/tokenize` (and `/extras/tokenize`, llama-cpp-python's path) counts prompt
+tokens the way the simulator's usage does: whitespace-separated words.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ class SimConfig:
     usage: bool = True
     seed: int = 0
     prompt_tokens: int | None = None
+    max_running: int | None = None
+    token_budget: float | None = None
 
 
 @dataclass
@@ -58,12 +66,16 @@ class SimServer:
         self._tokens = _tokens(config)
         self._runner: web.AppRunner | None = None
         self.base_url = ""
+        self._slots = asyncio.Semaphore(config.max_running) if config.max_running else None
+        self._budget_next = 0.0
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_post("/extras/tokenize", self._tokenize)
         return app
 
     async def start(self) -> str:
@@ -95,7 +107,39 @@ class SimServer:
             return None
         return self._rng.choice(self.config.error_kinds)
 
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        """vLLM/SGLang (`prompt`), llama.cpp (`content`) and llama-cpp-python (`input`) bodies."""
+        try:
+            body = await request.json()
+        except ValueError:
+            return web.json_response({"error": {"message": "body is not JSON"}}, status=400)
+        if not isinstance(body, dict):
+            return web.json_response({"error": {"message": "body is not an object"}}, status=400)
+        if isinstance(body.get("messages"), list):
+            count = _count_prompt(body["messages"])
+        else:
+            text = body.get("prompt", body.get("content", body.get("input", "")))
+            count = len(str(text).split())
+        return web.json_response({"tokens": list(range(count)), "count": count})
+
+    async def _spend_token(self) -> None:
+        """Wait for this token's turn on the shared `token_budget` clock (tokens/s)."""
+        if not self.config.token_budget:
+            return
+        now = time.monotonic()
+        slot = max(now, self._budget_next)
+        self._budget_next = slot + 1.0 / self.config.token_budget
+        if slot > now:
+            await asyncio.sleep(slot - now)
+
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        """The capacity model's queue: at most `max_running` requests are served at once."""
+        if self._slots is None:
+            return await self._serve_chat(request)
+        async with self._slots:
+            return await self._serve_chat(request)
+
+    async def _serve_chat(self, request: web.Request) -> web.StreamResponse:
         self.stats.requests += 1
         try:
             body = await request.json()
@@ -159,12 +203,14 @@ class SimServer:
             return resp
         if fault == "malformed":
             frames.insert(max(1, len(tokens) // 2), b'data: {"choices": [{"delta": \n\n')
-        if self.config.itl_s <= 0:
+        if self.config.itl_s <= 0 and not self.config.token_budget:
             await resp.write(b"".join(frames))
         else:
             for i, frame in enumerate(frames):
-                if 0 < i < len(tokens):
+                if 0 < i < len(tokens) and self.config.itl_s > 0:
                     await asyncio.sleep(self.config.itl_s)
+                if i < len(tokens):
+                    await self._spend_token()
                 await resp.write(frame)
         await resp.write_eof()
         return resp
