@@ -191,7 +191,8 @@ def parse_bench_args(extra: Sequence[str], pairs: Sequence[str]) -> dict[str, st
             else:
                 value = nxt
                 i += 1
-        raw[name] = value
+        # A repeated flag accumulates, comma-joined: --slo ttft_ms=200 --slo tpot_ms=50.
+        raw[name] = f"{raw[name]},{value}" if name in raw else value
         i += 1
     return raw
 
