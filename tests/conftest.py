@@ -67,7 +67,9 @@ def sim_factory() -> Iterator[object]:
         yield make
 
 
-def run_cli(args: Sequence[str], timeout: float = 300, **kw: object) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    args: Sequence[str], timeout: float = 300, **kw: object
+) -> subprocess.CompletedProcess[str]:
     """Run the real `metrale` command line in a child process."""
     return subprocess.run(
         [sys.executable, "-m", "metrale", *args],

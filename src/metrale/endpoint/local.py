@@ -103,7 +103,7 @@ class LocalLlamaServer:
             "--verbose", "False",
         ]  # fmt: skip
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
-        self._proc = subprocess.Popen(
+        self._proc = subprocess.Popen(  # noqa: ASYNC220 - fork+exec is quick; waiting is async
             cmd,
             stdin=subprocess.DEVNULL,
             stdout=self._log,
