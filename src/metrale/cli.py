@@ -144,6 +144,12 @@ def build_parser() -> _Parser:
         metavar="TOK_S",
         help="capacity: output tokens/s shared by all streams (0 = no budget)",
     )
+    sim.add_argument(
+        "--replay",
+        type=Path,
+        metavar="FILE",
+        help="serve recorded assistant turns from a JSONL file (see metrale.endpoint.replay)",
+    )
     sim.set_defaults(handler=cmd_sim)  # fmt: skip
     return parser
 
@@ -321,6 +327,10 @@ def cmd_sim(args: argparse.Namespace, extra: Sequence[str]) -> int:
         error_kinds=kinds, usage=not args.no_usage, seed=args.seed,
         max_running=args.max_running or None, token_budget=args.token_budget or None,
     )  # fmt: skip
+    if args.replay is not None:
+        from metrale.endpoint.replay import load_replay
+
+        config.replay = load_replay(args.replay)
     try:
         run_async(lambda: serve_forever(config))
     except asyncio.CancelledError:

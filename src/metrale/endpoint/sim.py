@@ -19,6 +19,7 @@ import json
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -41,6 +42,8 @@ class SimConfig:
     prompt_tokens: int | None = None
     max_running: int | None = None
     token_budget: float | None = None
+    #: Recorded turns (`metrale.endpoint.replay`) served in place of generated tokens.
+    replay: list[Any] | None = None
 
 
 @dataclass
@@ -155,6 +158,13 @@ class SimServer:
             self.stats.errors[fault] = self.stats.errors.get(fault, 0) + 1
         if fault == "5xx":
             return web.json_response({"error": {"message": "injected failure"}}, status=500)
+        if self.config.replay is not None:
+            from metrale.endpoint.replay import serve_turn
+
+            return await serve_turn(
+                request, body, self.config.replay, model=self.config.model,
+                ttft_s=self.config.ttft_s, usage=self.config.usage,
+            )  # fmt: skip
         tokens = self._tokens
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
         finish = "stop"
