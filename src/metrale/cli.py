@@ -151,6 +151,7 @@ def build_parser() -> _Parser:
         help="serve recorded assistant turns from a JSONL file (see metrale.endpoint.replay)",
     )
     sim.set_defaults(handler=cmd_sim)  # fmt: skip
+    add_matrix_commands(sub)
     return parser
 
 
@@ -338,6 +339,153 @@ def cmd_sim(args: argparse.Namespace, extra: Sequence[str]) -> int:
     except OSError as exc:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
     return 0
+
+
+# --------------------------------------------------------------------------- matrix
+
+
+def add_matrix_commands(sub: Any) -> None:
+    """`matrix`, `report`, `plot`, `compare`: sweeps and what is read from their cell files."""
+    mx = sub.add_parser(
+        "matrix",
+        help="sweep a benchmark over runtimes, rollout counts, caps and tiers",
+        description="Run one cell per point of the sweep, each through the runner, and write "
+        "<out>/<cell>.json per cell. Lists are comma-separated; a flag overrides the file.",
+    )
+    mx.add_argument("benchmark", nargs="?", help="benchmark id (or benchmark = in --config)")
+    mx.add_argument("--config", type=Path, metavar="FILE", help="sweep file (TOML)")
+    mx.add_argument("--runtime", metavar="LIST", help="runtimes, e.g. none,subprocess,bwrap")
+    mx.add_argument("--rollouts", metavar="LIST", help="rollout counts, e.g. 64,512")
+    mx.add_argument(
+        "--max-concurrent", metavar="LIST", help="caps, none = unbounded, e.g. none,128"
+    )
+    mx.add_argument(
+        "-p",
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=V1[,V2]",
+        help="a benchmark parameter; a comma list sweeps it (repeatable)",
+    )
+    mx.add_argument(
+        "--tier",
+        action="append",
+        default=[],
+        metavar="NAME=URL[,model=M]",
+        help="a named deployment to sweep side by side (repeatable)",
+    )
+    add_target_args(mx)
+    mx.add_argument("--out", type=Path, metavar="DIR", help="default results/<benchmark>")
+    mx.add_argument("--only", metavar="GLOBS", help="run only cells whose name matches")
+    mx.add_argument("--no-preflight", action="store_true", help="skip the 2+2 sanity check")
+    mx.set_defaults(handler=cmd_matrix)
+
+    rep = sub.add_parser("report", help="the table of a sweep, one row per cell")
+    rep.add_argument("dir", type=Path, metavar="DIR", help="a 'metrale matrix' output directory")
+    rep.add_argument("--csv", action="store_true", help="CSV instead of Markdown")
+    rep.set_defaults(handler=cmd_report)
+
+    plo = sub.add_parser("plot", help="plot a sweep directory to a PNG")
+    plo.add_argument("dir", type=Path, metavar="DIR", help="a 'metrale matrix' output directory")
+    plo.add_argument("-o", "--output", type=Path, required=True, metavar="FILE.png")
+    plo.set_defaults(handler=cmd_plot)
+
+    cmp_ = sub.add_parser(
+        "compare",
+        help="B vs A per metric and stage, with bootstrap 95%% intervals and a verdict",
+        description="A and B: two cell files, two sweep directories (cells matched by name) "
+        "or two run directories. Exit 1 when any row is worse.",
+    )
+    cmp_.add_argument("a", type=Path, metavar="A")
+    cmp_.add_argument("b", type=Path, metavar="B")
+    cmp_.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.05,
+        metavar="FRACTION",
+        help="differences below this fraction of A are 'same' (default 0.05)",
+    )
+    cmp_.add_argument("--csv", action="store_true", help="CSV instead of a plain table")
+    cmp_.set_defaults(handler=cmd_compare)
+
+
+def cmd_matrix(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    from metrale.errors import EXIT_RUN_FAILED
+    from metrale.matrix import plan_sweep, run_sweep
+    from metrale.matrix.sweep import build_sweep, select, split_list
+
+    _no_extra(extra)
+    sweep = build_sweep(
+        benchmark=args.benchmark, config=args.config, runtime=args.runtime,
+        rollouts=args.rollouts, max_concurrent=args.max_concurrent, params=args.param,
+        tiers=args.tier, target=args.target, model=args.model, out=args.out,
+    )  # fmt: skip
+    plan = plan_sweep(sweep)
+    cells = select(plan.cells, split_list(args.only) if args.only else [])
+
+    async def go() -> list[Any]:
+        async with contextlib.AsyncExitStack() as stack:
+            targets = {}
+            for tier in dict.fromkeys(c.tier for c in cells):
+                tier_args = argparse.Namespace(
+                    **{**vars(args), "target": tier.target, "model": tier.model}
+                )
+                targets[tier.name] = await stack.enter_async_context(open_target(tier_args))
+            return await run_sweep(
+                plan,
+                targets,
+                client_options=client_options(args),
+                preflight=not args.no_preflight,
+                cells=cells,
+            )
+
+    results = run_async(go)
+    failed = sum(1 for r in results if r.status == "failed")
+    print(f"{len(results)} cells ({failed} failed) in {sweep.out}", file=sys.stderr)
+    return EXIT_RUN_FAILED if failed else 0
+
+
+def cmd_report(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    from metrale.matrix import read_cells
+    from metrale.matrix.report import failure_notes, render_report
+
+    _no_extra(extra)
+    cells = read_cells(args.dir)
+    print(render_report(cells, "csv" if args.csv else "markdown"))
+    if args.csv:
+        for note in failure_notes(cells):
+            print(note, file=sys.stderr)
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    """Dispatch on what DIR holds: each kind of results owns its figure.
+
+    Today: a sweep directory (cell files from 'metrale matrix'). Other kinds (e.g. a serve run
+    directory's latency-throughput plot) add a branch here, before the sweep one.
+    """
+    from metrale.matrix import is_cell_dir
+
+    _no_extra(extra)
+    if is_cell_dir(args.dir):
+        from metrale.matrix.plot import plot_dir
+
+        info = plot_dir(args.dir, args.output)
+        print(f"wrote {info.path} ({info.width_px}x{info.height_px} px)", file=sys.stderr)
+        return 0
+    raise UsageError(f"{args.dir}: nothing to plot; accepted: a 'metrale matrix' directory")
+
+
+def cmd_compare(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    from metrale.errors import EXIT_VERDICT_FAILED
+    from metrale.matrix.compare import compare_paths, render_comparison
+
+    _no_extra(extra)
+    if not 0 <= args.tolerance < 1:
+        raise UsageError(f"--tolerance {args.tolerance} is outside 0..1")
+    result = compare_paths(args.a, args.b, rel_tol=args.tolerance)
+    print(render_comparison(result, "csv" if args.csv else "plain"))
+    return EXIT_VERDICT_FAILED if result.worse else 0
 
 
 def _no_extra(extra: Sequence[str]) -> None:

@@ -1,0 +1,186 @@
+"""The per-cell results file: one JSON document per cell, replaced atomically and alone.
+
+A cell file keeps the sorted per-rollout duration of every stage, not only percentiles, so that
+`report`, `plot` and `compare` (which bootstraps) all work from the file with no run directory.
+The same summary can be built from a run directory (`run.json` + `rollouts.jsonl`), which is how
+`compare` accepts two plain `metrale run` outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from metrale import __version__
+from metrale.errors import UsageError
+from metrale.rollout import SUMMARY_STAGES, RolloutRecord, stage_durations
+
+
+class CellResult(BaseModel):
+    """What one cell measured. Durations are seconds, sorted ascending, one per rollout that
+    reached the stage (a failed stage still counts: its duration is the time until it failed).
+    `reward_mean` is the mean over rollouts that have a reward; `errors` counts rollouts with an
+    error. `max_concurrent` is absent from the file when unbounded."""
+
+    cell: str
+    benchmark: str
+    tier: str | None = None
+    runtime: str
+    runtime_config: dict[str, Any] | None = None
+    rollouts: int
+    max_concurrent: int | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    target: str = ""
+    model: str = ""
+    metrale_version: str = __version__
+    started_at: str = ""
+    status: Literal["completed", "failed"] = "completed"
+    error: str | None = None
+    e2e_s: float | None = None
+    records: int = Field(0, description="rollout records written (finished rollouts)")
+    errors: int = 0
+    reward_mean: float | None = None
+    rewards: list[float] = Field(default_factory=list, description="sorted per-rollout rewards")
+    durations: dict[str, list[float]] = Field(
+        default_factory=lambda: {s: [] for s in SUMMARY_STAGES}
+    )
+    run_dir: str | None = None
+
+    def stage(self, name: str) -> list[float]:
+        return self.durations.get(name, [])
+
+    def error_flags(self) -> list[float]:
+        """One 0/1 per finished rollout (1 = failed): the sample behind the error rate."""
+        return [1.0] * self.errors + [0.0] * max(self.records - self.errors, 0)
+
+    def sort_key(self) -> tuple[Any, ...]:
+        """Sweep order: tier, runtime, rollouts, then cap (unbounded first), then parameters."""
+        conc = -1 if self.max_concurrent is None else self.max_concurrent
+        return (self.tier or "", self.runtime, self.rollouts, conc, self.cell)
+
+
+def summarize(records: Sequence[RolloutRecord], cell: CellResult) -> CellResult:
+    """Fill the per-rollout numbers of `cell` from the records of its run."""
+    rewards = sorted(r.reward for r in records if r.reward is not None)
+    return cell.model_copy(
+        update={
+            "records": len(records),
+            "errors": sum(1 for r in records if r.error is not None),
+            "rewards": rewards,
+            "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+            "durations": stage_durations(records),
+        }
+    )
+
+
+def read_records(path: Path) -> list[RolloutRecord]:
+    """The rollout records of a run directory; a torn last line (a crash mid-write) is skipped."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return []
+    records = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(RolloutRecord.model_validate_json(line))
+        except ValidationError:
+            if i == len(lines) - 1:
+                break
+            raise UsageError(f"{path}:{i + 1} is not a rollout record") from None
+    return records
+
+
+def write_cell(out_dir: Path, cell: CellResult) -> Path:
+    """Write `<out_dir>/<cell>.json` by rename, so a reader never sees half a file and no other
+    cell's file is touched."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"{cell.cell}.json"
+    data = cell.model_dump(mode="json")
+    if data["max_concurrent"] is None:
+        del data["max_concurrent"]
+    tmp = out_dir / f".{cell.cell}.json.{os.getpid()}.tmp"
+    try:
+        tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        tmp.replace(target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def read_cell(path: Path) -> CellResult:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read {path}: {exc}") from None
+    try:
+        return CellResult.model_validate_json(text)
+    except ValidationError:
+        raise UsageError(f"{path} is not a metrale cell file (from 'metrale matrix')") from None
+
+
+def cell_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.glob("*.json") if not p.name.startswith("."))
+
+
+def is_cell_dir(directory: Path) -> bool:
+    return directory.is_dir() and bool(cell_files(directory))
+
+
+def is_run_dir(directory: Path) -> bool:
+    return (directory / "run.json").is_file()
+
+
+def read_cells(directory: Path) -> list[CellResult]:
+    """Every cell file in `directory`, in sweep order."""
+    if not directory.is_dir():
+        raise UsageError(f"{directory} is not a directory")
+    paths = cell_files(directory)
+    if not paths:
+        raise UsageError(f"{directory} holds no cell files (*.json from 'metrale matrix')")
+    return sorted((read_cell(p) for p in paths), key=CellResult.sort_key)
+
+
+def cell_from_run_dir(run_dir: Path) -> CellResult:
+    """A cell summary of a plain run directory, named after the directory."""
+    try:
+        info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"{run_dir} is not a run directory (no run.json)") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read {run_dir / 'run.json'}: {exc}") from None
+    params = info.get("params") or {}
+    runtime = info.get("runtime") or None
+    cell = CellResult(
+        cell=run_dir.name,
+        benchmark=str(info.get("benchmark", "")),
+        runtime=str(runtime.get("type", "?")) if isinstance(runtime, dict) else "none",
+        runtime_config=runtime if isinstance(runtime, dict) else None,
+        rollouts=int(params.get("rollouts") or 0),
+        max_concurrent=params.get("max_concurrent"),
+        params={k: v for k, v in params.items() if k not in ("rollouts", "max_concurrent")},
+        target=str(info.get("target", "")),
+        model=str(info.get("model", "")),
+        metrale_version=str(info.get("metrale_version", "")),
+        started_at=str(info.get("started_at", "")),
+        run_dir=str(run_dir),
+    )
+    result_path = run_dir / "result.json"
+    if result_path.is_file():
+        try:
+            outcome = json.loads(result_path.read_text(encoding="utf-8"))
+            cell.e2e_s = outcome.get("e2e_s")
+            result = outcome.get("result") or {}
+            if result.get("status") == "failed":
+                cell.status, cell.error = "failed", result.get("error")
+        except (OSError, ValueError):
+            pass
+    return summarize(read_records(run_dir / "rollouts.jsonl"), cell)

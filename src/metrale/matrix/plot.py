@@ -1,0 +1,142 @@
+"""The sweep figure: one panel per stage, a bar per cell at p50 with a p10–p90 whisker.
+
+Cells are grouped by runtime (one colour each, gaps between groups) so that a glance says where
+rollouts are fastest. A panel whose values span more than `LOG_SPAN` (p90 max / p10 min) uses a
+log scale. matplotlib is imported here only, and drawn with the Agg canvas, never pyplot: no
+display, no process-wide state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from metrale.errors import UsageError
+from metrale.matrix.cellfile import CellResult, read_cells
+from metrale.matrix.report import seconds_text
+from metrale.rollout import SUMMARY_STAGES
+from metrale.stats import Spread
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+#: A panel switches to a log axis when its largest p90 exceeds its smallest p10 this many times.
+LOG_SPAN = 20.0
+DPI = 100
+PANEL_TITLES = {
+    "setup": "setup",
+    "generation": "generation",
+    "scoring": "scoring",
+    "total": "total (first start to last end)",
+}
+
+
+@dataclass(frozen=True)
+class PlotInfo:
+    path: Path
+    width_px: int
+    height_px: int
+    panels: list[str]
+
+
+def _matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError(
+            "plotting needs matplotlib: pip install 'metrale[plot]' (or matplotlib)"
+        ) from None
+
+
+def bar_label(cell: CellResult) -> str:
+    """The part of a cell's identity that its runtime group does not already say."""
+    parts = [cell.tier] if cell.tier else []
+    parts.append(f"r{cell.rollouts}")
+    parts.append("c∞" if cell.max_concurrent is None else f"c{cell.max_concurrent}")
+    parts += [f"{k}={v}" for k, v in _swept_params(cell).items()]
+    return "\n".join(parts)
+
+
+def _swept_params(cell: CellResult) -> dict[str, object]:
+    """Parameters that appear in the cell's name, i.e. the ones the sweep varied."""
+    return {k: v for k, v in cell.params.items() if f"-{k}=" in cell.cell}
+
+
+def build_figure(cells: Sequence[CellResult]) -> Figure:
+    """The figure for `cells` (not saved): 2 x 2 panels, setup, generation, scoring, total."""
+    _matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter
+
+    runtimes = list(dict.fromkeys(c.runtime for c in sorted(cells, key=CellResult.sort_key)))
+    ordered = sorted(cells, key=lambda c: (runtimes.index(c.runtime), c.sort_key()))
+    palette = [f"C{i % 10}" for i in range(len(runtimes))]
+    colour = {r: palette[i] for i, r in enumerate(runtimes)}
+    xs: list[float] = []
+    x = 0.0
+    for i, c in enumerate(ordered):
+        if i and c.runtime != ordered[i - 1].runtime:
+            x += 0.8  # a gap between runtime groups
+        xs.append(x)
+        x += 1.0
+
+    panel_w = max(4.5, 0.5 * len(ordered) + 1.5)
+    fig = Figure(figsize=(2 * panel_w + 0.5, 8.5), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2, 2).flatten()
+    for ax, stage in zip(axes, SUMMARY_STAGES, strict=True):
+        spreads = [Spread.of(c.stage(stage)) for c in ordered]
+        for xi, c, s in zip(xs, ordered, spreads, strict=True):
+            if s.p50 is None or s.p10 is None or s.p90 is None:
+                ax.text(xi, 0, "failed" if c.status == "failed" else "no data", rotation=90,
+                        ha="center", va="bottom", fontsize=8, color="0.4")  # fmt: skip
+                continue
+            ax.bar(xi, s.p50, width=0.8, color=colour[c.runtime], edgecolor="0.2", linewidth=0.5)
+            ax.errorbar(xi, s.p50, yerr=[[s.p50 - s.p10], [s.p90 - s.p50]],
+                        fmt="none", ecolor="black", elinewidth=1, capsize=4)  # fmt: skip
+        lows = [s.p10 for s in spreads if s.p10 is not None and s.p10 > 0]
+        highs = [s.p90 for s in spreads if s.p90 is not None]
+        if lows and highs and max(highs) / min(lows) > LOG_SPAN:
+            ax.set_yscale("log")
+            ax.set_ylim(bottom=min(lows) / 2)
+        ax.yaxis.set_major_formatter(FuncFormatter(seconds_text))
+        ax.set_title(PANEL_TITLES[stage], fontsize=12, fontweight="bold")
+        ax.set_ylabel("duration: p50, whisker p10–p90", fontsize=9)
+        ax.set_xticks(xs, [bar_label(c) for c in ordered], fontsize=8)
+        ax.grid(axis="y", which="major", alpha=0.3)
+        ax.set_axisbelow(True)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    handles = [Patch(facecolor=colour[r], edgecolor="0.2", label=r) for r in runtimes]
+    fig.legend(handles=handles, title="runtime", loc="outside upper right", ncols=len(runtimes))
+    first = ordered[0] if ordered else None
+    model = f" · {first.model}" if first and first.model else ""
+    bench = first.benchmark if first else ""
+    fig.suptitle(f"{bench}{model} · {len(ordered)} cells · r = rollouts, c = max concurrent",
+                 fontsize=13)  # fmt: skip
+    return fig
+
+
+def plot_cells(cells: Sequence[CellResult], out: Path) -> PlotInfo:
+    """Draw `cells` into the PNG `out`."""
+    if not cells:
+        raise UsageError("nothing to plot: no cells")
+    if out.suffix.lower() != ".png":
+        raise UsageError(f"-o {out}: the plot is a PNG; give a file name ending in .png")
+    fig = build_figure(cells)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, format="png", dpi=DPI)
+    except OSError as exc:
+        raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from None
+    width, height = fig.canvas.get_width_height()
+    return PlotInfo(out, width, height, [ax.get_title() for ax in fig.axes])
+
+
+def plot_dir(directory: Path, out: Path) -> PlotInfo:
+    """Plot the cell files of a `metrale matrix` output directory."""
+    return plot_cells(read_cells(directory), out)
