@@ -1,0 +1,465 @@
+"""The serve benchmark as a plugin: parameters, the plan of load levels, live snapshots, result.
+
+It owns the wiring only: metric definitions are in `metrics`, load generation in `load`, the
+HTTP path in `client`, prompts in `prompts`. The run directory gets `requests.jsonl` (every
+request, flushed as it ends) and `levels.json` (each level's metrics, rewritten as each level
+ends; `metrale plot` reads it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, Field
+
+from metrale.benchmarks.serve.client import StreamClient
+from metrale.benchmarks.serve.load import (
+    Bound,
+    LevelSpec,
+    LevelState,
+    knee,
+    run_level,
+    sweep_rates,
+)
+from metrale.benchmarks.serve.metrics import (
+    SLO_KEYS,
+    RequestRecord,
+    q_text,
+    summarize,
+    tpot,
+)
+from metrale.benchmarks.serve.prompts import (
+    Prompt,
+    Tokenizer,
+    gsm8k_questions,
+    load_jsonl,
+    synthetic,
+)
+from metrale.errors import UsageError
+from metrale.plugin import (
+    BenchmarkResult,
+    Descriptor,
+    LogLine,
+    ParamSpec,
+    ParamValues,
+    PluginHandle,
+    Status,
+    Table,
+    validate_params,
+)
+from metrale.stats import percentile
+
+LEVELS_FILE = "levels.json"
+REQUESTS_FILE = "requests.jsonl"
+
+
+class LevelSummary(BaseModel):
+    index: int
+    label: str
+    concurrency: int | None = None
+    rate: float | None = None
+    arrivals: str | None = None
+    stopped: str | None = None
+    metrics: dict[str, float | int | None] = Field(default_factory=dict)
+
+
+class ServeLevels(BaseModel):
+    """`levels.json`: what a serve run measured at each load level, and the sweep's knee."""
+
+    load: str
+    slos: dict[str, float] = Field(default_factory=dict)
+    percentiles: list[float] = Field(default_factory=list)
+    input_tokens_exact: bool | None = None
+    levels: list[LevelSummary] = Field(default_factory=list)
+    knee: int | None = None
+
+
+def parse_slos(text: str) -> dict[str, float]:
+    """`ttft_ms=200,tpot_ms=50` -> {"ttft_ms": 200.0, "tpot_ms": 50.0}."""
+    slos: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or key not in SLO_KEYS:
+            raise UsageError(f"slo {part!r} is not KEY=MS; accepted keys: {', '.join(SLO_KEYS)}")
+        try:
+            slos[key] = float(value)
+        except ValueError:
+            raise UsageError(f"slo {part!r}: {value!r} is not a number of ms") from None
+        if not math.isfinite(slos[key]) or slos[key] <= 0:
+            raise UsageError(f"slo {part!r} must be a positive number of ms")
+    return slos
+
+
+def parse_percentiles(text: str) -> list[float]:
+    try:
+        qs = [float(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise UsageError(f"percentiles {text!r}: expected numbers like 50,90,99") from None
+    if not qs or any(not 0 <= q <= 100 for q in qs):
+        raise UsageError(f"percentiles {text!r}: each must be within 0..100")
+    return qs
+
+
+class ServeBenchmark:
+    descriptor: ClassVar[Descriptor] = Descriptor(
+        id="serve",
+        name="Serve",
+        summary="An endpoint under load: TTFT, TPOT, ITL, E2E, throughput and goodput at a "
+        "fixed concurrency, a request rate, or a sweep that finds the knee.",
+    )
+
+    def __init__(self) -> None:
+        self.values = ParamValues()
+        self.slos: dict[str, float] = {}
+        self.percentiles: list[float] = []
+        self._file_prompts: list[Prompt] | None = None
+        self._handle: PluginHandle | None = None
+        self._client: StreamClient | None = None
+        self._bodies: list[bytes] = []
+        self._task: asyncio.Task[None] | None = None
+        self._state: LevelState | None = None
+        self._levels = ServeLevels(load="concurrency")
+        self._logs: list[LogLine] = []
+        self._t0 = 0.0
+        self._started = 0.0
+        self._next_prompt = 0
+        self._ignore_eos = False
+
+    def parameters(self) -> list[ParamSpec]:
+        return [
+            ParamSpec(name="load", type="str", default="concurrency",
+                      choices=["concurrency", "rate", "sweep"],
+                      help="fixed concurrency, a request rate, or a sweep to the knee"),
+            ParamSpec(name="concurrency", type="int", default=8, min=1, max=100_000,
+                      help="requests in flight (load=concurrency)"),
+            ParamSpec(name="rate", type="float", default=None, min=0.001, nullable=True,
+                      help="requests/s (load=rate)"),
+            ParamSpec(name="arrivals", type="str", default="poisson",
+                      choices=["poisson", "gamma", "constant"],
+                      help="arrival process for load=rate and the sweep's rates"),
+            ParamSpec(name="burstiness", type="float", default=1.0, min=0.01, max=100.0,
+                      help="gamma shape: <1 burstier than Poisson, 1 Poisson, >1 smoother"),
+            ParamSpec(name="max_concurrency", type="int", default=None, min=1, nullable=True,
+                      help="cap on requests in flight at a rate; waits are queue wait"),
+            ParamSpec(name="requests", type="int", default=100, min=1, nullable=True,
+                      help="measured requests per level (with duration_s: whichever first)"),
+            ParamSpec(name="duration_s", type="float", default=None, min=0.01, nullable=True,
+                      help="measured seconds per level"),
+            ParamSpec(name="warmup", type="int", default=0, min=0,
+                      help="warm-up requests per level, not measured"),
+            ParamSpec(name="warmup_s", type="float", default=0.0, min=0.0,
+                      help="warm-up seconds per level, not measured"),
+            ParamSpec(name="cooldown", type="int", default=0, min=0,
+                      help="cool-down requests per level (load kept on), not measured"),
+            ParamSpec(name="cooldown_s", type="float", default=0.0, min=0.0,
+                      help="cool-down seconds per level, not measured"),
+            ParamSpec(name="max_error_rate", type="float", default=0.5, min=0.0, max=1.0,
+                      nullable=True, help="stop a level (and a sweep) above this error rate"),
+            ParamSpec(name="sweep_levels", type="int", default=5, min=1, max=100,
+                      help="rates between the concurrency-1 rate and saturation"),
+            ParamSpec(name="sweep_concurrency", type="int", default=64, min=2, max=100_000,
+                      help="the sweep's saturating concurrency"),
+            ParamSpec(name="prompts", type="str", default="synthetic",
+                      help="synthetic, gsm8k, or a JSONL file (prompt or messages a line)"),
+            ParamSpec(name="input_tokens", type="int", default=128, min=1, max=1_000_000,
+                      help="synthetic prompt length (exact where the server tokenizes)"),
+            ParamSpec(name="num_prompts", type="int", default=64, min=1, max=100_000,
+                      help="distinct synthetic prompts, used in turn"),
+            ParamSpec(name="max_tokens", type="int", default=128, min=1, max=1_000_000,
+                      help="output token cap per request"),
+            ParamSpec(name="ignore_eos", type="bool", default=True,
+                      help="ask the server to generate max_tokens regardless of EOS"),
+            ParamSpec(name="temperature", type="float", default=0.0, min=0.0, max=2.0,
+                      help="sampling temperature"),
+            ParamSpec(name="slo", type="str", default="",
+                      help="SLOs for goodput: ttft_ms=200,tpot_ms=50,e2e_ms=5000,itl_ms=..."),
+            ParamSpec(name="percentiles", type="str", default="50,90,99",
+                      help="percentiles reported (plus mean and max)"),
+            ParamSpec(name="request_timeout_s", type="float", default=300.0, min=0.1,
+                      help="seconds per request before it counts as a timeout error"),
+            ParamSpec(name="seed", type="int", default=0, min=0,
+                      help="prompts and arrival times"),
+        ]  # fmt: skip
+
+    def configure(self, values: Mapping[str, object]) -> ParamValues:
+        v = validate_params(self.parameters(), values)
+        self.slos = parse_slos(v["slo"])
+        self.percentiles = parse_percentiles(v["percentiles"])
+        if v["load"] == "rate" and v["rate"] is None:
+            raise UsageError("load=rate needs --rate REQ_PER_S")
+        if v["requests"] is None and v["duration_s"] is None:
+            raise UsageError("give --requests N or --duration-s S (a level must stop)")
+        if v["prompts"] not in ("synthetic", "gsm8k"):
+            self._file_prompts = load_jsonl(Path(v["prompts"]))
+        self.values = v
+        return v
+
+    # ------------------------------------------------------------------------ load
+
+    async def load(self, handle: PluginHandle) -> None:
+        self._handle = handle
+        v = self.values
+        self._client = await StreamClient(handle.target, v["request_timeout_s"]).__aenter__()
+        exact: bool | None = None
+        if self._file_prompts is not None:
+            prompts = self._file_prompts
+        elif v["prompts"] == "gsm8k":
+            prompts = gsm8k_questions()
+        else:
+            handle.on_status("prompts")
+            tokenizer = Tokenizer(self._client.session, handle.target)
+            await tokenizer.detect()
+            prompts, exact = await synthetic(
+                v["num_prompts"], v["input_tokens"], v["seed"], tokenizer
+            )
+            if not exact:
+                self._log("warn", "the server has no tokenize endpoint: synthetic prompt "
+                          f"lengths are approximate ({v['input_tokens']} tokens taken as "
+                          f"{round(v['input_tokens'] / 1.3)} words)")  # fmt: skip
+        self._ignore_eos = v["ignore_eos"] and await self._accepts_ignore_eos(prompts[0])
+        self._bodies = [self._body(p) for p in prompts]
+        self._levels = ServeLevels(
+            load=v["load"], slos=self.slos, percentiles=self.percentiles, input_tokens_exact=exact
+        )
+
+    def _body(self, prompt: Prompt, ignore_eos: bool | None = None) -> bytes:
+        v = self.values
+        body: dict[str, Any] = {
+            "model": self._handle.target.model if self._handle else "",
+            "messages": prompt.messages,
+            "max_tokens": prompt.max_tokens or v["max_tokens"],
+            "temperature": v["temperature"],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self._ignore_eos if ignore_eos is None else ignore_eos:
+            body["ignore_eos"] = True
+        return json.dumps(body).encode()
+
+    async def _accepts_ignore_eos(self, prompt: Prompt) -> bool:
+        """One short request with `ignore_eos`: a 4xx means the server refuses the field."""
+        assert self._client is not None
+        probe = RequestRecord(level=-1, index=-1, phase="warmup", intended_s=0.0, ready_s=0.0)
+        small = Prompt(prompt.messages, 2)
+        await self._client.send(self._body(small, ignore_eos=True), probe, time.perf_counter())
+        if probe.status is not None and 400 <= probe.status < 500:
+            self._log("warn", f"the server refused ignore_eos (HTTP {probe.status}); sent without")
+            return False
+        return True
+
+    # ------------------------------------------------------------------------ run
+
+    def _plan_fixed(self) -> LevelSpec:
+        v = self.values
+        if v["load"] == "concurrency":
+            return self._spec(0, f"concurrency {v['concurrency']}", concurrency=v["concurrency"])
+        return self._spec(0, f"rate {v['rate']:g}/s", rate=v["rate"])
+
+    def _spec(self, index: int, label: str, **load: Any) -> LevelSpec:
+        v = self.values
+        return LevelSpec(
+            index=index,
+            label=label,
+            arrivals=v["arrivals"],
+            burstiness=v["burstiness"],
+            max_concurrency=v["max_concurrency"] if "rate" in load else None,
+            warmup=Bound(v["warmup"] or None, v["warmup_s"] or None),
+            measure=Bound(v["requests"], v["duration_s"]),
+            cooldown=Bound(v["cooldown"] or None, v["cooldown_s"] or None),
+            max_error_rate=v["max_error_rate"],
+            seed=v["seed"] + index,
+            **load,
+        )
+
+    async def _run_all(self) -> None:
+        v = self.values
+        if v["load"] != "sweep":
+            await self._run_level(self._plan_fixed())
+            return
+        low = await self._run_level(self._spec(0, "concurrency 1", concurrency=1))
+        sat = await self._run_level(
+            self._spec(1, f"saturation (concurrency {v['sweep_concurrency']})",
+                       concurrency=v["sweep_concurrency"])
+        )  # fmt: skip
+        lo_rate = low.metrics.get("request_throughput") or 0.0
+        hi_rate = sat.metrics.get("request_throughput") or 0.0
+        if low.stopped or sat.stopped:
+            return
+        for i, rate in enumerate(sweep_rates(float(lo_rate), float(hi_rate), v["sweep_levels"])):
+            level = await self._run_level(self._spec(2 + i, f"rate {rate:.3g}/s", rate=rate))
+            if level.stopped:
+                self._log("warn", f"sweep stopped at {level.label}: {level.stopped}")
+                return
+
+    async def _run_level(self, spec: LevelSpec) -> LevelSummary:
+        assert self._handle is not None and self._client is not None
+        handle, client = self._handle, self._client
+        handle.on_status(spec.label)
+        self._state = state = LevelState(spec)
+        bodies = self._bodies
+
+        async def send(record: RequestRecord) -> None:
+            body = bodies[self._next_prompt % len(bodies)]
+            self._next_prompt += 1
+            await client.send(body, record, self._t0)
+
+        def on_record(record: RequestRecord) -> None:
+            handle.artifacts.append_line(REQUESTS_FILE, record)
+
+        records = await run_level(spec, send, on_record, state, self._t0)
+        summary = LevelSummary(
+            index=spec.index,
+            label=spec.label,
+            concurrency=spec.concurrency,
+            rate=spec.rate,
+            arrivals=spec.arrivals if spec.rate is not None else None,
+            stopped=state.stopped,
+            metrics=summarize(records, percentiles=self.percentiles, slos=self.slos),
+        )
+        self._levels.levels.append(summary)
+        goodputs = [lv.metrics.get("goodput") for lv in self._levels.levels]
+        self._levels.knee = knee([None if g is None else float(g) for g in goodputs])
+        handle.artifacts.write_json(LEVELS_FILE, self._levels)
+        if state.stopped:
+            self._log("warn", f"{spec.label} stopped early: {state.stopped}")
+        return summary
+
+    async def next(self) -> BenchmarkResult:
+        if self._task is None:
+            self._t0 = self._started = time.perf_counter()
+            self._task = asyncio.create_task(self._run_all())
+        done, _ = await asyncio.wait({self._task}, timeout=0.5)
+        if not done:
+            return self._live()
+        self._task.result()
+        return self._final()
+
+    def _live(self) -> BenchmarkResult:
+        state = self._state
+        elapsed = time.perf_counter() - self._started
+        result = BenchmarkResult(phase=state.spec.label if state else "start", elapsed_s=elapsed)
+        if state is None:
+            return result
+        now = time.perf_counter()
+        ok = [r for r in state.measured if r.ok]
+        ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
+        tpots = [x for r in ok if (x := tpot(r)) is not None]
+        errors = len(state.measured) - len(ok)
+        result.done = len(state.measured)
+        result.total = state.spec.measure.count
+        result.summary = (
+            f"{state.recent_rate(now):.1f} req/s · in flight {state.in_flight} · "
+            f"measured {len(state.measured)} · TTFT p50/p90 {_ms(ttft, 50)}/{_ms(ttft, 90)} ms · "
+            f"TPOT p50/p90 {_ms(tpots, 50)}/{_ms(tpots, 90)} ms · errors {errors}"
+        )
+        result.logs = list(self._logs)
+        return result
+
+    def _final(self) -> BenchmarkResult:
+        levels = self._levels.levels
+        elapsed = time.perf_counter() - self._started
+        metrics: dict[str, float | int | None] = {}
+        k = self._levels.knee
+        if len(levels) == 1:
+            metrics.update(levels[0].metrics)
+        else:
+            for lv in levels:
+                metrics.update({f"l{lv.index}.{key}": val for key, val in lv.metrics.items()})
+            if k is not None:
+                metrics.update(levels[k].metrics)
+                metrics["knee_level"] = levels[k].index
+            metrics["saturation_throughput"] = max(
+                (float(lv.metrics.get("request_throughput") or 0.0) for lv in levels), default=None
+            )
+        exact = self._levels.input_tokens_exact
+        metrics["input_tokens_exact"] = None if exact is None else int(exact)
+        metrics["ignore_eos"] = int(self._ignore_eos)
+        self._final_logs(levels)
+        table = _table(levels, k, self.percentiles)
+        head = levels[k] if k is not None else (levels[0] if levels else None)
+        summary = "no level ran"
+        if head is not None:
+            m = head.metrics
+            summary = (
+                f"{len(levels)} level(s); {'knee ' if len(levels) > 1 else ''}{head.label}: "
+                f"{_num(m.get('request_throughput'))} req/s, "
+                f"{_num(m.get('output_throughput'))} tok/s, goodput {_num(m.get('goodput'))}"
+            )
+        return BenchmarkResult(
+            status=Status.COMPLETED,
+            phase="done",
+            elapsed_s=elapsed,
+            done=len(levels),
+            total=len(levels),
+            summary=summary,
+            table=table,
+            metrics=metrics,
+            logs=list(self._logs),
+        )
+
+    def _final_logs(self, levels: list[LevelSummary]) -> None:
+        v = self.values
+        if any(lv.metrics.get("tokens_counted") for lv in levels):
+            self._log("warn", "the server sent no usage: output tokens are counted chunks")
+        if self._ignore_eos and v["prompts"] == "synthetic":
+            short = [
+                lv.label
+                for lv in levels
+                if (lv.metrics.get("output_tokens_mean") or 0) < 0.95 * v["max_tokens"]
+            ]
+            if short:
+                self._log("warn", "outputs shorter than max_tokens despite ignore_eos at: "
+                          + ", ".join(short) + " (the server may not honour it)")  # fmt: skip
+        if not self.slos and len(levels) > 1:
+            self._log("info", "no --slo given: goodput equals throughput, the knee is saturation")
+
+    def _log(self, level: str, message: str) -> None:
+        self._logs.append(LogLine(level=level, message=message))  # type: ignore[arg-type]
+
+    async def cleanup(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._client is not None:
+            await self._client.__aexit__(None, None, None)
+            self._client = None
+
+
+def _ms(values: list[float], q: float) -> str:
+    p = percentile(values, q)
+    return "-" if p is None else f"{p * 1000:.1f}"
+
+
+def _num(x: float | int | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def _table(levels: list[LevelSummary], knee_index: int | None, qs: list[float]) -> Table:
+    lo = "p" + q_text(50 if 50 in qs else qs[0])
+    hi = "p" + q_text(90 if 90 in qs else qs[-1])
+    cols = [
+        "level", "req/s", "out tok/s", "peak tok/s", f"TTFT {lo}", f"TTFT {hi}",
+        f"TPOT {lo}", f"TPOT {hi}", f"ITL {lo}", f"E2E {lo}", "goodput", "err", "lag p99",
+    ]  # fmt: skip
+    rows = []
+    for lv in levels:
+        m = lv.metrics
+        name = lv.label + (" *knee" if knee_index is not None and lv.index == knee_index else "")
+
+        def ms(key: str, m: dict[str, float | int | None] = m) -> str:
+            return _num(m.get(key))
+
+        rows.append([
+            name, _num(m.get("request_throughput")), _num(m.get("output_throughput")),
+            m.get("peak_output_tps"), ms(f"ttft_ms_{lo}"), ms(f"ttft_ms_{hi}"),
+            ms(f"tpot_ms_{lo}"), ms(f"tpot_ms_{hi}"), ms(f"itl_ms_{lo}"), ms(f"e2e_ms_{lo}"),
+            _num(m.get("goodput")), m.get("errors"), ms("sched_lag_ms_p99"),
+        ])  # fmt: skip
+    return Table(columns=[*cols[:4], *(c + " ms" if " p" in c else c for c in cols[4:])], rows=rows)

@@ -1,0 +1,322 @@
+"""Load generation: arrival processes, one load level's schedule and stop rules, and the sweep.
+
+A *level* is one load setting measured on its own: a fixed concurrency (N workers, each sending
+its next request the moment its previous one ends) or a request rate (arrivals drawn from a
+Poisson, gamma or constant process, optionally capped by `max_concurrency`). Each level has a
+warm-up, a measured phase and a cool-down, each bounded by a count or a duration; only measured
+requests enter the metrics. The cool-down keeps the load on while the last measured requests
+finish, so they do not run against an emptier server than the rest.
+
+The sweep (`sweep_rates`) follows guidellm's: a concurrency-1 level gives the lowest useful rate,
+a saturating level (high concurrency) gives the highest throughput the server sustains, and
+evenly spaced Poisson rates between them fill in the curve; the **knee** is the level whose
+goodput is highest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from metrale.benchmarks.serve.metrics import Phase, RequestRecord
+
+Arrivals = Literal["poisson", "gamma", "constant"]
+
+
+def arrival_gaps(
+    kind: Arrivals, rate: float, rng: random.Random, burstiness: float = 1.0
+) -> Iterator[float]:
+    """Inter-arrival gaps (s) with mean 1/rate.
+
+    - poisson: exponential gaps, Exp(rate); variance 1/rate².
+    - gamma: Gamma(shape k = burstiness, scale θ = 1/(rate·k)); mean 1/rate, variance
+      1/(k·rate²), so k < 1 is burstier than Poisson, k > 1 smoother, k = 1 is Poisson
+      (vLLM's `--burstiness`).
+    - constant: exactly 1/rate.
+    """
+    if rate <= 0 or not math.isfinite(rate):
+        raise ValueError(f"rate must be a positive number, got {rate}")
+    if kind == "poisson":
+        while True:
+            yield rng.expovariate(rate)
+    elif kind == "gamma":
+        if burstiness <= 0:
+            raise ValueError(f"burstiness must be > 0, got {burstiness}")
+        theta = 1.0 / (rate * burstiness)
+        while True:
+            yield rng.gammavariate(burstiness, theta)
+    elif kind == "constant":
+        while True:
+            yield 1.0 / rate
+    else:
+        raise ValueError(f"unknown arrival process {kind!r}")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Stop after `count` requests or `duration_s` seconds, whichever comes first; both None
+    means an empty phase."""
+
+    count: int | None = None
+    duration_s: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.count and not self.duration_s
+
+    def reached(self, sent: int, elapsed_s: float) -> bool:
+        if self.empty:
+            return True
+        if self.count is not None and sent >= self.count:
+            return True
+        return self.duration_s is not None and elapsed_s >= self.duration_s
+
+
+@dataclass(frozen=True)
+class LevelSpec:
+    """One load setting: `concurrency` N, or `rate` req/s with its arrival process."""
+
+    index: int
+    label: str
+    concurrency: int | None = None
+    rate: float | None = None
+    arrivals: Arrivals = "poisson"
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    warmup: Bound = Bound()
+    measure: Bound = Bound(count=100)
+    cooldown: Bound = Bound()
+    max_error_rate: float | None = None
+    seed: int = 0
+
+
+@dataclass
+class LevelState:
+    """Live counters of the level being run, read by the progress display."""
+
+    spec: LevelSpec
+    started: float = 0.0
+    in_flight: int = 0
+    sent: int = 0
+    measured: list[RequestRecord] = field(default_factory=list)
+    measured_sent: int = 0
+    completions: list[float] = field(default_factory=list)
+    stopped: str | None = None
+
+    def recent_rate(self, now: float, span_s: float = 5.0) -> float:
+        """Completions per second over the last `span_s` seconds (or since the level began)."""
+        span = min(span_s, max(now - self.started, 1e-9))
+        n = 0
+        for t in reversed(self.completions):
+            if now - t > span:
+                break
+            n += 1
+        return n / span
+
+
+SendFn = Callable[[RequestRecord], Awaitable[None]]
+
+
+class _Phases:
+    """Which phase the next request belongs to; None when the level should stop sending."""
+
+    def __init__(self, spec: LevelSpec, start: float) -> None:
+        self.spec = spec
+        self.phase: Phase = "warmup"
+        self.phase_start = start
+        self.phase_sent = 0
+        self.stop = False
+        self._advance(start)
+
+    def _advance(self, now: float) -> None:
+        bounds = {"warmup": self.spec.warmup, "measure": self.spec.measure}
+        while self.phase in bounds and bounds[self.phase].reached(
+            self.phase_sent, now - self.phase_start
+        ):
+            self.phase = "measure" if self.phase == "warmup" else "cooldown"
+            self.phase_start, self.phase_sent = now, 0
+
+    def next(self, now: float) -> Phase | None:
+        if self.stop:
+            return None
+        self._advance(now)
+        if self.phase == "cooldown" and self.spec.cooldown.reached(
+            self.phase_sent, now - self.phase_start
+        ):
+            return None
+        self.phase_sent += 1
+        return self.phase
+
+
+async def run_level(
+    spec: LevelSpec,
+    send: SendFn,
+    on_record: Callable[[RequestRecord], None],
+    state: LevelState,
+    t0: float,
+) -> list[RequestRecord]:
+    """Run one level to its end and return every measured record.
+
+    `send` fills in a record (send time, chunks, error); `t0` is the run's perf_counter origin.
+    The level ends when the cool-down bound is reached and every measured request has finished;
+    cool-down requests still in flight then are cancelled (recorded with error "cancelled").
+    An error rate above `max_error_rate` (checked from 10 measured completions on) stops it early.
+    """
+    start = time.perf_counter()
+    state.started = start
+    phases = _Phases(spec, start)
+    tasks: set[asyncio.Task[None]] = set()
+    measured_left = 0
+    all_measured_done = asyncio.Event()
+    errors = 0
+
+    async def one(record: RequestRecord) -> None:
+        nonlocal measured_left, errors
+        state.in_flight += 1
+        try:
+            await send(record)
+        except asyncio.CancelledError:
+            record.error = record.error or "cancelled"
+            record.end_s = time.perf_counter() - t0
+            raise
+        finally:
+            state.in_flight -= 1
+            on_record(record)
+            now = time.perf_counter()
+            state.completions.append(now)
+            if record.phase == "measure":
+                state.measured.append(record)
+                measured_left -= 1
+                if record.error is not None:
+                    errors += 1
+                done = len(state.measured)
+                if (
+                    spec.max_error_rate is not None
+                    and done >= 10
+                    and errors / done > spec.max_error_rate
+                    and not phases.stop
+                ):
+                    phases.stop = True
+                    state.stopped = f"error rate {errors / done:.2f} > {spec.max_error_rate:g}"
+                if measured_left == 0 and phases.phase == "cooldown":
+                    all_measured_done.set()
+
+    def admit(phase: Phase, intended: float) -> RequestRecord:
+        nonlocal measured_left
+        record = RequestRecord(
+            level=spec.index, index=state.sent, phase=phase, intended_s=intended - t0,
+            ready_s=intended - t0,
+        )  # fmt: skip
+        state.sent += 1
+        if phase == "measure":
+            measured_left += 1
+            state.measured_sent += 1
+        return record
+
+    def track(coro: Awaitable[None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(coro)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        return task
+
+    if spec.concurrency is not None:
+        await _closed_loop(
+            spec.concurrency, start, t0, phases, admit, one, track, all_measured_done
+        )
+    else:
+        await _open_loop(spec, t0, phases, admit, one, track, all_measured_done)
+    # Stop sending; wait for the measured requests, then cancel the cool-down stragglers.
+    phases.stop = True
+    while measured_left > 0 and tasks:
+        await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
+    for task in list(tasks):
+        task.cancel()
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return list(state.measured)
+
+
+Admit = Callable[[Phase, float], RequestRecord]
+Track = Callable[[Awaitable[None]], "asyncio.Task[None]"]
+
+
+async def _closed_loop(
+    concurrency: int,
+    start: float,
+    t0: float,
+    phases: _Phases,
+    admit: Admit,
+    one: Callable[[RequestRecord], Awaitable[None]],
+    track: Track,
+    all_measured_done: asyncio.Event,
+) -> None:
+    """N workers; a worker's next request is intended (and ready) the moment its previous one
+    ended, so the scheduling lag includes the event loop's delay in noticing that end."""
+
+    async def worker() -> None:
+        ready = start
+        while not all_measured_done.is_set():
+            phase = phases.next(time.perf_counter())
+            if phase is None:
+                return
+            record = admit(phase, ready)
+            await track(one(record))
+            ready = t0 + record.end_s if record.end_s is not None else time.perf_counter()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+async def _open_loop(
+    spec: LevelSpec,
+    t0: float,
+    phases: _Phases,
+    admit: Admit,
+    one: Callable[[RequestRecord], Awaitable[None]],
+    track: Track,
+    all_measured_done: asyncio.Event,
+) -> None:
+    """Arrivals on a seeded schedule; with `max_concurrency`, an arrival waits for a slot and the
+    wait is its queue wait."""
+    assert spec.rate is not None
+    gaps = arrival_gaps(spec.arrivals, spec.rate, random.Random(spec.seed), spec.burstiness)
+    slots = asyncio.Semaphore(spec.max_concurrency) if spec.max_concurrency else None
+
+    async def gated(record: RequestRecord) -> None:
+        assert slots is not None
+        async with slots:
+            record.ready_s = max(time.perf_counter() - t0, record.intended_s)
+            await one(record)
+
+    intended = time.perf_counter()
+    while not all_measured_done.is_set():
+        intended += next(gaps)
+        delay = intended - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        phase = phases.next(intended)
+        if phase is None:
+            return
+        record = admit(phase, intended)
+        track(one(record) if slots is None else gated(record))
+
+
+def sweep_rates(lowest: float, saturation: float, levels: int) -> list[float]:
+    """`levels` evenly spaced rates strictly between the concurrency-1 rate and saturation:
+    lowest + (saturation − lowest) · i / (levels + 1), i = 1..levels."""
+    if saturation <= lowest:
+        return []
+    return [lowest + (saturation - lowest) * i / (levels + 1) for i in range(1, levels + 1)]
+
+
+def knee(goodputs: list[float | None]) -> int | None:
+    """The index of the level with the highest goodput (the first among equals)."""
+    best: int | None = None
+    for i, g in enumerate(goodputs):
+        if g is not None and (best is None or g > (goodputs[best] or 0.0)):
+            best = i
+    return best

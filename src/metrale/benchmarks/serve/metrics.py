@@ -1,0 +1,263 @@
+"""Every number the serve benchmark reports, defined once, with its formula beside its code.
+
+Clocks: all times come from `time.perf_counter()`. A request record keeps its intended, ready and
+send times in seconds since the run began (`*_s`), and its chunk times in seconds since its own
+send. A *chunk* is one server-sent event that carries output: content, reasoning content or a
+tool-call delta; events that carry only a role, a finish reason or usage are not chunks.
+
+The definitions, for one request (send = the moment the request is handed to the connection):
+
+- **queue wait** = ready − intended: time waiting client-side for a concurrency slot (rate mode
+  with `max_concurrency`); 0 otherwise.
+- **scheduling lag** = send − ready: how late the client's event loop actually sent a request
+  that could go. It measures the client, not the server; metrale keeps it well under 1 ms.
+- **TTFT** = first chunk − send (reasoning counts); **TTFC** = first content chunk − send
+  (reasoning excluded), reported apart.
+- **E2E** = end of stream − send.
+- **TPOT** = (E2E − TTFT) / (output tokens − 1), for requests with at least 2 output tokens.
+- **ITL** = the gaps between consecutive chunks, each divided by the tokens its later chunk
+  carries and counted once per token, pooled over requests: a 4-token chunk 40 ms after the
+  previous one adds four samples of 10 ms, so multi-token chunks (speculative decoding, batched
+  flushes) do not skew it.
+- **output tokens** = server `usage.completion_tokens` (`token_source = "usage"`), else the
+  number of chunks (`"counted"`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from metrale.stats import mean, percentile
+
+Phase = Literal["warmup", "measure", "cooldown"]
+SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms", "itl_ms")
+
+
+class RequestRecord(BaseModel):
+    """One request: written as a line of `requests.jsonl` as it ends."""
+
+    level: int
+    index: int
+    phase: Phase
+    started_at: float = Field(0.0, description="wall clock at send, epoch s")
+    intended_s: float = Field(description="when the load generator meant to send it")
+    ready_s: float = Field(description="when a concurrency slot let it go (>= intended)")
+    send_s: float | None = Field(None, description="when it was handed to the connection")
+    end_s: float | None = Field(None, description="end of stream or of the failure")
+    ttft_s: float | None = None
+    ttfc_s: float | None = None
+    e2e_s: float | None = None
+    chunk_times_s: list[float] = Field(default_factory=list, description="since send")
+    chunk_tokens: list[float] = Field(default_factory=list, description="tokens per chunk")
+    reasoning_chunks: int = 0
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    token_source: Literal["usage", "counted"] | None = None
+    finish_reason: str | None = None
+    status: int | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.e2e_s is not None
+
+
+# --------------------------------------------------------------------------- one request
+
+
+def queue_wait(r: RequestRecord) -> float:
+    """ready − intended (s)."""
+    return r.ready_s - r.intended_s
+
+
+def schedule_lag(r: RequestRecord) -> float | None:
+    """send − ready (s); None when the request was never sent."""
+    return None if r.send_s is None else r.send_s - r.ready_s
+
+
+def tpot(r: RequestRecord) -> float | None:
+    """(E2E − TTFT) / (output tokens − 1) (s); None below 2 output tokens or on failure."""
+    if not r.ok or r.ttft_s is None or r.output_tokens is None or r.output_tokens < 2:
+        return None
+    assert r.e2e_s is not None
+    return (r.e2e_s - r.ttft_s) / (r.output_tokens - 1)
+
+
+def itl_samples(r: RequestRecord) -> list[float]:
+    """Per-token gaps: for chunk i > 0 carrying k_i tokens, k_i samples of (t_i − t_{i−1}) / k_i.
+
+    A fractional k (tokens spread evenly over chunks, see `spread_tokens`) adds round(k) samples,
+    at least one.
+    """
+    out: list[float] = []
+    times, tokens = r.chunk_times_s, r.chunk_tokens
+    for i in range(1, len(times)):
+        k = tokens[i] if i < len(tokens) and tokens[i] > 0 else 1.0
+        out.extend([(times[i] - times[i - 1]) / k] * max(1, round(k)))
+    return out
+
+
+def spread_tokens(chunks: int, output_tokens: int | None, cumulative: Sequence[int]) -> list[float]:
+    """Tokens carried by each chunk.
+
+    From per-chunk cumulative usage where the server sends it (vLLM's `continuous_usage_stats`):
+    the differences. Else `output_tokens / chunks` each (exact when the server sends one token a
+    chunk, the usual case; an even spread otherwise). Else 1 each.
+    """
+    if chunks == 0:
+        return []
+    if len(cumulative) == chunks:
+        prev, out = 0, []
+        for c in cumulative:
+            out.append(float(max(c - prev, 0)))
+            prev = c
+        return out
+    if output_tokens:
+        return [output_tokens / chunks] * chunks
+    return [1.0] * chunks
+
+
+# --------------------------------------------------------------------------- many requests
+
+
+class Window(BaseModel):
+    """The measured window: first measured send to last measured end (s since run start)."""
+
+    start_s: float
+    end_s: float
+
+    @property
+    def duration_s(self) -> float:
+        return max(self.end_s - self.start_s, 1e-9)
+
+
+def measured_window(records: Sequence[RequestRecord]) -> Window | None:
+    sent = [r for r in records if r.send_s is not None]
+    if not sent:
+        return None
+    start = min(r.send_s for r in sent if r.send_s is not None)
+    end = max((r.end_s if r.end_s is not None else r.send_s) or start for r in sent)
+    return Window(start_s=start, end_s=end)
+
+
+def peak_output_tps(records: Iterable[RequestRecord], window: Window, bucket_s: float = 1.0) -> int:
+    """The most output tokens in any `bucket_s` bucket of the window, per second.
+
+    Each chunk's tokens fall in bucket floor((send + chunk time − window start) / bucket_s);
+    peak = max over buckets of tokens / bucket_s. Windows shorter than a bucket give tokens
+    over the window's length instead.
+    """
+    buckets: dict[int, float] = {}
+    for r in records:
+        if r.send_s is None:
+            continue
+        for t, k in zip(r.chunk_times_s, r.chunk_tokens, strict=False):
+            b = math.floor((r.send_s + t - window.start_s) / bucket_s)
+            buckets[b] = buckets.get(b, 0.0) + k
+    if not buckets:
+        return 0
+    if window.duration_s < bucket_s:
+        return round(sum(buckets.values()) / window.duration_s)
+    return round(max(buckets.values()) / bucket_s)
+
+
+def meets_slos(r: RequestRecord, slos: Mapping[str, float]) -> bool:
+    """True when a successful request meets every SLO (milliseconds): `ttft_ms`, `tpot_ms`,
+    `e2e_ms`, `itl_ms` (its largest per-token gap). A request with no TPOT (1 output token)
+    meets a TPOT SLO, as it has no decode phase to miss it with."""
+    if not r.ok:
+        return False
+    checks = {
+        "ttft_ms": r.ttft_s,
+        "tpot_ms": tpot(r),
+        "e2e_ms": r.e2e_s,
+        "itl_ms": max(itl_samples(r), default=None),
+    }
+    for key, limit_ms in slos.items():
+        value = checks[key]
+        if value is None:
+            if key == "ttft_ms":
+                return False
+            continue
+        if value * 1000.0 > limit_ms:
+            return False
+    return True
+
+
+def summarize(
+    records: Sequence[RequestRecord],
+    *,
+    percentiles: Sequence[float] = (50, 90, 99),
+    slos: Mapping[str, float] | None = None,
+) -> dict[str, float | int | None]:
+    """The metrics of one load level over its measured requests.
+
+    - `requests`, `errors`, `error_rate` = errors / requests.
+    - `duration_s` = the measured window (first measured send to last measured end).
+    - `request_throughput` = successful requests / window (req/s).
+    - `output_throughput` = output tokens of successful requests / window (tokens/s).
+    - `total_throughput` = (prompt + output tokens) / window (tokens/s; prompt tokens from
+      usage, absent without it).
+    - `peak_output_tps` = `peak_output_tps(...)` in 1 s buckets.
+    - `goodput` = successful requests meeting every SLO / window (req/s); without SLOs, equal to
+      `request_throughput`. `goodput_fraction` = those requests / all measured requests.
+    - `<metric>_ms_p<q>`, `_mean`, `_max` for ttft, ttfc, tpot, itl, e2e, queue_wait, sched_lag.
+    - `tokens_counted` = 1 when any output-token count was counted rather than server usage.
+    """
+    measured = [r for r in records if r.phase == "measure"]
+    ok = [r for r in measured if r.ok]
+    window = measured_window(measured)
+    dur = window.duration_s if window else None
+    out_tokens = sum(r.output_tokens or 0 for r in ok)
+    prompt = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
+    slos = dict(slos or {})
+    good = sum(1 for r in ok if meets_slos(r, slos))
+    m: dict[str, float | int | None] = {
+        "requests": len(measured),
+        "errors": len(measured) - len(ok),
+        "error_rate": (len(measured) - len(ok)) / len(measured) if measured else None,
+        "duration_s": dur,
+        "request_throughput": len(ok) / dur if dur else None,
+        "output_throughput": out_tokens / dur if dur else None,
+        "total_throughput": (out_tokens + sum(prompt)) / dur if dur and prompt else None,
+        "peak_output_tps": peak_output_tps(ok, window) if window else None,
+        "goodput": good / dur if dur else None,
+        "goodput_fraction": good / len(measured) if measured else None,
+        "output_tokens_mean": mean([float(r.output_tokens or 0) for r in ok]),
+        "prompt_tokens_mean": mean([float(p) for p in prompt]),
+        "tokens_counted": int(any(r.token_source == "counted" for r in ok)),
+    }
+    series: dict[str, list[float]] = {
+        "ttft": [r.ttft_s for r in ok if r.ttft_s is not None],
+        "ttfc": [r.ttfc_s for r in ok if r.ttfc_s is not None],
+        "tpot": [x for r in ok if (x := tpot(r)) is not None],
+        "itl": [x for r in ok for x in itl_samples(r)],
+        "e2e": [r.e2e_s for r in ok if r.e2e_s is not None],
+        "queue_wait": [queue_wait(r) for r in measured],
+        "sched_lag": [x for r in measured if (x := schedule_lag(r)) is not None],
+    }
+    for name, values in series.items():
+        m.update(spread_ms(name, values, percentiles))
+    return m
+
+
+def spread_ms(
+    name: str, values: Sequence[float], percentiles: Sequence[float]
+) -> dict[str, float | None]:
+    """`{name}_ms_p{q}` for each q, `{name}_ms_mean`, `{name}_ms_max`, from seconds."""
+    out: dict[str, float | None] = {}
+    for q in percentiles:
+        p = percentile(values, q)
+        out[f"{name}_ms_p{q_text(q)}"] = None if p is None else p * 1000.0
+    avg = mean(values)
+    out[f"{name}_ms_mean"] = None if avg is None else avg * 1000.0
+    out[f"{name}_ms_max"] = max(values) * 1000.0 if values else None
+    return out
+
+
+def q_text(q: float) -> str:
+    return str(int(q)) if float(q).is_integer() else str(q).replace(".", "_")

@@ -1,0 +1,290 @@
+"""Prompts for the serve benchmark: synthetic of a requested length, bundled GSM8K, or a JSONL file.
+
+Synthetic prompts are seeded random words. Their length is **exact** when the server has a
+tokenize endpoint (`/tokenize` on vLLM, SGLang and llama.cpp's server; `/extras/tokenize` on
+llama-cpp-python's): the user message then holds exactly `input_tokens` tokens by the server's
+own tokenizer, not counting the chat template (the template's few tokens show in the usage's
+`prompt_tokens`). Otherwise the length is **approximate** (one word taken for 1.3 tokens) and the
+result says so (`input_tokens_exact = 0`).
+
+GSM8K questions are read from the data file the gsm8k benchmark ships (a file, not its code).
+A JSONL file has one object a line with `prompt` (a string) or `messages` (a chat list), and
+optionally `max_tokens`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from metrale.endpoint.client import Target
+from metrale.errors import UsageError
+
+WORDS_PER_TOKEN = 1 / 1.3
+_VOCAB = [
+    "time",
+    "year",
+    "people",
+    "way",
+    "day",
+    "man",
+    "thing",
+    "woman",
+    "life",
+    "child",
+    "world",
+    "school",
+    "state",
+    "family",
+    "student",
+    "group",
+    "country",
+    "problem",
+    "hand",
+    "part",
+    "place",
+    "case",
+    "week",
+    "company",
+    "system",
+    "program",
+    "question",
+    "work",
+    "government",
+    "number",
+    "night",
+    "point",
+    "home",
+    "water",
+    "room",
+    "mother",
+    "area",
+    "money",
+    "story",
+    "fact",
+    "month",
+    "lot",
+    "right",
+    "study",
+    "book",
+    "eye",
+    "job",
+    "word",
+    "business",
+    "issue",
+    "side",
+    "kind",
+    "head",
+    "house",
+    "service",
+    "friend",
+    "father",
+    "power",
+    "hour",
+    "game",
+    "line",
+    "end",
+    "member",
+    "law",
+    "car",
+    "city",
+    "community",
+    "name",
+    "president",
+    "team",
+    "minute",
+    "idea",
+    "kid",
+    "body",
+    "information",
+    "back",
+    "parent",
+    "face",
+    "others",
+    "level",
+    "office",
+    "door",
+    "health",
+    "person",
+    "art",
+    "war",
+    "history",
+    "party",
+    "result",
+    "change",
+    "morning",
+    "reason",
+    "research",
+    "girl",
+    "guy",
+    "moment",
+    "air",
+    "teacher",
+    "force",
+    "education",
+]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    messages: list[dict[str, Any]]
+    max_tokens: int | None = None
+
+
+def load_jsonl(path: Path) -> list[Prompt]:
+    """Prompts from a JSONL file; a `UsageError` naming the first bad line otherwise."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"prompts file {path}: {exc.strerror or exc}") from None
+    prompts: list[Prompt] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise UsageError(f"prompts file {path} line {n} is not JSON") from None
+        if not isinstance(row, dict):
+            raise UsageError(f"prompts file {path} line {n}: expected an object")
+        max_tokens = row.get("max_tokens")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            raise UsageError(f"prompts file {path} line {n}: max_tokens must be a positive int")
+        if isinstance(row.get("prompt"), str):
+            messages = [{"role": "user", "content": row["prompt"]}]
+        elif isinstance(row.get("messages"), list) and row["messages"]:
+            messages = row["messages"]
+        else:
+            raise UsageError(
+                f"prompts file {path} line {n}: needs 'prompt' (a string) or 'messages' (a list)"
+            )
+        prompts.append(Prompt(messages, max_tokens))
+    if not prompts:
+        raise UsageError(f"prompts file {path} has no prompts")
+    return prompts
+
+
+def gsm8k_questions() -> list[Prompt]:
+    """The GSM8K test questions, from the data file the gsm8k benchmark ships."""
+    data = resources.files("metrale.benchmarks.gsm8k").joinpath("data/test.jsonl")
+    rows = [json.loads(line) for line in data.read_text(encoding="utf-8").splitlines() if line]
+    return [Prompt([{"role": "user", "content": row["question"]}]) for row in rows]
+
+
+class Tokenizer:
+    """Counts tokens with the server's tokenize endpoint; `count` is None when there is none."""
+
+    def __init__(self, session: aiohttp.ClientSession, target: Target) -> None:
+        self.session = session
+        root = target.base_url.rstrip("/")
+        root = root[: -len("/v1")] if root.endswith("/v1") else root
+        self.model = target.model
+        self._candidates = [
+            (root + "/tokenize", "prompt"),  # vLLM, SGLang (and metrale sim)
+            (root + "/tokenize", "content"),  # llama.cpp server
+            (root + "/extras/tokenize", "input"),  # llama-cpp-python
+        ]
+        self._found: tuple[str, str] | None = None
+        self._offset = 0
+        self.available = False
+
+    async def detect(self) -> bool:
+        """Find a working endpoint; its count of "" (BOS and the like) is subtracted later."""
+        for url, field in self._candidates:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError, KeyError):
+                n = await self._raw(url, field, "")
+                if n is not None:
+                    self._found, self._offset, self.available = (url, field), n, True
+                    return True
+        return False
+
+    async def _raw(self, url: str, field: str, text: str) -> int | None:
+        body: dict[str, Any] = {field: text}
+        if field == "prompt":
+            body["model"] = self.model
+            body["add_special_tokens"] = False
+        async with self.session.post(url, json=body) as resp:
+            if resp.status != 200:
+                return None
+            data = await resp.json(content_type=None)
+        if not isinstance(data, dict):
+            return None
+        if isinstance(data.get("count"), int):
+            return data["count"]
+        tokens = data.get("tokens")
+        return len(tokens) if isinstance(tokens, list) else None
+
+    async def count(self, text: str) -> int:
+        assert self._found is not None
+        n = await self._raw(*self._found, text)
+        if n is None:
+            raise RuntimeError("the tokenize endpoint stopped answering")
+        return max(0, n - self._offset)
+
+
+async def synthetic(
+    n_prompts: int, input_tokens: int, seed: int, tokenizer: Tokenizer | None
+) -> tuple[list[Prompt], bool]:
+    """`n_prompts` distinct prompts of `input_tokens` tokens each; True when lengths are exact.
+
+    Exact: words are added until the text reaches the length, the last word dropped while it
+    overshoots, then single short words (" a", else " 1") pad it; at most ~input_tokens + 20
+    tokenize calls a prompt, usually a handful, since the first guess is close.
+    """
+    rng = random.Random(seed)
+    prompts: list[Prompt] = []
+    exact = tokenizer is not None and tokenizer.available
+    for i in range(n_prompts):
+        words = [f"{i}:"] + [rng.choice(_VOCAB) for _ in range(input_tokens * 2 + 8)]
+        guess = max(1, round(input_tokens * WORDS_PER_TOKEN))
+        if not exact:
+            prompts.append(Prompt([{"role": "user", "content": " ".join(words[:guess])}]))
+            continue
+        assert tokenizer is not None
+        text = await _exact_text(words, guess, input_tokens, tokenizer)
+        prompts.append(Prompt([{"role": "user", "content": text}]))
+    return prompts, exact
+
+
+async def _exact_text(words: list[str], guess: int, target: int, tok: Tokenizer) -> str:
+    """Scale the word count by target/count (a few steps), step by one word, then pad."""
+    k = min(guess, len(words))
+    n = await tok.count(" ".join(words[:k]))
+    for _ in range(6):
+        if n == target or n == 0:
+            break
+        step = round(k * target / n) - k
+        if step == 0:
+            break
+        k = min(max(1, k + step), len(words))
+        n = await tok.count(" ".join(words[:k]))
+    for _ in range(64):
+        if n < target and k < len(words):
+            m = await tok.count(" ".join(words[: k + 1]))
+            if m > target:
+                break
+            k, n = k + 1, m
+        elif n > target and k > 1:
+            k -= 1
+            n = await tok.count(" ".join(words[:k]))
+        else:
+            break
+    text = " ".join(words[:k])
+    for pad in (" a", " 1", " x"):
+        for _ in range(target - n + 2):
+            if n >= target:
+                break
+            m = await tok.count(text + pad)
+            if m > target:
+                break
+            text, n = text + pad, m
+        if n == target:
+            return text
+    raise RuntimeError(f"could not build a prompt of exactly {target} tokens (got {n})")
