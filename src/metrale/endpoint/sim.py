@@ -15,12 +15,12 @@ tokens the way the simulator's usage does: whitespace-separated words.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 ERROR_KINDS = ("5xx", "drop", "malformed")
@@ -113,8 +113,8 @@ class SimServer:
     async def _tokenize(self, request: web.Request) -> web.Response:
         """vLLM/SGLang (`prompt`), llama.cpp (`content`) and llama-cpp-python (`input`) bodies."""
         try:
-            body = await request.json()
-        except ValueError:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
             return web.json_response({"error": {"message": "body is not JSON"}}, status=400)
         if not isinstance(body, dict):
             return web.json_response({"error": {"message": "body is not an object"}}, status=400)
@@ -145,8 +145,8 @@ class SimServer:
     async def _serve_chat(self, request: web.Request) -> web.StreamResponse:
         self.stats.requests += 1
         try:
-            body = await request.json()
-        except ValueError:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
             return web.json_response({"error": {"message": "body is not JSON"}}, status=400)
         model = body.get("model")
         if model != self.config.model:
@@ -241,7 +241,7 @@ def _frame(created: int, model: str, delta: dict[str, str], finish: str | None) 
         "model": model,
         "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
     }
-    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
 def _usage_frame(created: int, model: str, usage: dict[str, int]) -> bytes:
@@ -253,7 +253,7 @@ def _usage_frame(created: int, model: str, usage: dict[str, int]) -> bytes:
         "choices": [],
         "usage": usage,
     }
-    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
 async def serve_forever(config: SimConfig) -> None:

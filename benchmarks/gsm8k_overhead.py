@@ -1,0 +1,86 @@
+"""Harness overhead of `metrale run gsm8k` against `metrale sim` with a fixed 1 s latency.
+
+The simulator (its own process) answers every call after exactly 1 s with 16 tokens, so any
+e2e beyond 1 s is metrale's own cost: issuing 1,024 concurrent calls, parsing their streams,
+scoring, and writing 1,024 records. Overhead per rollout = (e2e − 1 s) / rollouts.
+
+    python benchmarks/gsm8k_overhead.py --rollouts 1024 --repeats 5
+
+Prints each repeat and the medians; goal (issue #2): e2e <= 1.5 s, scoring p50 <= 5 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from metrale.endpoint.client import Target
+from metrale.runner import RunRequest, run
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rollouts", type=int, default=1024)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--latency", type=float, default=1.0)
+    args = ap.parse_args()
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "metrale", "sim", "--port", "0", "--ttft", str(args.latency),
+         "--output-tokens", "16"],
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert sim.stdout is not None
+        url = sim.stdout.readline().rsplit(" ", 1)[-1].strip()
+        rows = []
+        for i in range(args.repeats + 1):  # the first run warms caches and is not counted
+            with tempfile.TemporaryDirectory() as tmp:
+                request = RunRequest(
+                    benchmark="gsm8k",
+                    params={"rollouts": args.rollouts, "max_tokens": 16},
+                    target=Target(base_url=url, model="metrale-sim"),
+                    out=Path(tmp) / "run",
+                    preflight=False,
+                    progress=None,
+                )
+                outcome = asyncio.run(run(request))
+            m, stages = outcome.result.metrics, outcome.result.stages
+            row = {
+                "e2e_s": m["e2e_s"],
+                "overhead_ms_per_rollout": (m["e2e_s"] - args.latency) / args.rollouts * 1e3,
+                "generation_p50_s": stages["generation"].p50,
+                "scoring_p50_ms": stages["scoring"].p50 * 1e3,
+                "errors": m["errors"],
+            }
+            if i:
+                rows.append(row)
+            print(("warm-up " if not i else f"run {i}: ") + json.dumps(row), flush=True)
+        med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+        print(
+            f"\nmachine: {os.cpu_count()} cores, {cpu_model()}, Python {platform.python_version()}"
+        )
+        print(f"rollouts={args.rollouts}, latency={args.latency} s, repeats={args.repeats}")
+        print("median: " + ", ".join(f"{k}={v:.4g}" for k, v in med.items()))
+    finally:
+        sim.terminate()
+        sim.wait(timeout=10)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
