@@ -152,22 +152,23 @@ class ChatClient:
         if extra:
             body.update(extra)
         payload = orjson.dumps(body)
-        record = CallRecord(started_at=time.time())
+        started_at = time.time()
         attempt = 0
         while True:
+            # Each attempt fills a plain dict; the record is built once (model_construct: the
+            # values come from our own parser), which keeps pydantic off the per-call hot path.
+            fields: dict[str, Any] = {"started_at": started_at, "retries": attempt}
             try:
-                await self._attempt(payload, record, record_chunks)
-                return record
+                await self._attempt(payload, fields, record_chunks)
+                return CallRecord.model_construct(**fields)
             except _Retryable as exc:
                 if attempt >= self.options.retries:
-                    record.error, record.error_kind = str(exc), exc.kind
+                    record = CallRecord(**fields, error=str(exc), error_kind=exc.kind)
                     raise EndpointError(exc.kind, str(exc), record) from None
                 attempt += 1
-                record.retries = attempt
                 await asyncio.sleep(self._backoff(attempt, exc.retry_after))
             except EndpointError as exc:
-                record.error, record.error_kind = str(exc), exc.kind
-                exc.call = record
+                exc.call = CallRecord(**fields, error=str(exc), error_kind=exc.kind)
                 raise
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
@@ -177,19 +178,15 @@ class ChatClient:
         cap = min(self.options.backoff_max_s, self.options.backoff_base_s * 2 ** (attempt - 1))
         return self._rng.uniform(0, cap)
 
-    async def _attempt(self, payload: bytes, record: CallRecord, record_chunks: bool) -> None:
+    async def _attempt(self, payload: bytes, fields: dict[str, Any], record_chunks: bool) -> None:
         if self._session is None:
             raise RuntimeError("ChatClient used outside 'async with'")
-        # Reset what a previous attempt may have filled in.
-        record.content, record.reasoning, record.tool_calls = "", "", []
-        record.ttft_s = record.latency_s = None
-        record.chunk_times_s = [] if record_chunks else None
         url = self.target.base_url + "/chat/completions"
         timeout = aiohttp.ClientTimeout(total=self.options.request_timeout_s)
         send = time.perf_counter()
         try:
             async with self._session.post(url, data=payload, timeout=timeout) as resp:
-                record.status = resp.status
+                fields["status"] = resp.status
                 if resp.status == 429 or resp.status >= 500:
                     text = (await resp.text())[:200]
                     retry_after = _retry_after(resp.headers.get("Retry-After"))
@@ -200,12 +197,14 @@ class ChatClient:
                     text = (await resp.text())[:300]
                     raise EndpointError(f"http_{resp.status}", f"HTTP {resp.status}: {text}")
                 if self.options.stream and resp.content_type == "text/event-stream":
-                    await _read_stream(resp, record, send)
+                    await _read_stream(resp, fields, send, record_chunks)
                 else:
-                    data = await resp.json(content_type=None)
-                    _read_body(data, record)
-                    record.ttft_s = time.perf_counter() - send
-                record.latency_s = time.perf_counter() - send
+                    data = orjson.loads(await resp.read())
+                    _read_body(data, fields)
+                    fields["ttft_s"] = time.perf_counter() - send
+                fields["latency_s"] = time.perf_counter() - send
+        except orjson.JSONDecodeError:
+            raise EndpointError("malformed_response", "response body is not JSON") from None
         except TimeoutError:
             raise EndpointError(
                 "timeout", f"no complete response within {self.options.request_timeout_s:g} s"
@@ -221,14 +220,16 @@ def _retry_after(value: str | None) -> float | None:
         return None
 
 
-async def _read_stream(resp: aiohttp.ClientResponse, record: CallRecord, send: float) -> None:
+async def _read_stream(
+    resp: aiohttp.ClientResponse, fields: dict[str, Any], send: float, record_chunks: bool
+) -> None:
     """Parse an SSE stream as bytes arrive: events split on blank lines, one timestamp per read.
 
     Reading whole network reads (not line by line) and keeping the running state in locals
     keeps the per-chunk cost to one `orjson.loads`: at 1,024 concurrent streams the client, not
     the server, would otherwise set the pace.
     """
-    state = _StreamState(record.chunk_times_s is not None)
+    state = _StreamState(record_chunks)
     buf = b""
     async for data in resp.content.iter_any():
         now = time.perf_counter() - send
@@ -243,7 +244,7 @@ async def _read_stream(resp: aiohttp.ClientResponse, record: CallRecord, send: f
             break
     if buf.strip() and not state.done:
         state.feed(buf, time.perf_counter() - send)
-    state.finish(record)
+    state.finish(fields)
 
 
 class _StreamState:
@@ -317,37 +318,37 @@ class _StreamState:
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 
-    def finish(self, record: CallRecord) -> None:
+    def finish(self, fields: dict[str, Any]) -> None:
         if not self.done and self.finish_reason is None:
             raise _Retryable("connection", "stream ended before [DONE] or a finish_reason")
-        record.ttft_s = self.ttft
-        record.content = "".join(self.content)
-        record.reasoning = "".join(self.reasoning)
-        record.tool_calls = [self.tool_calls[i] for i in sorted(self.tool_calls)]
-        record.finish_reason = self.finish_reason
-        record.chunk_times_s = self.chunk_times
-        record.prompt_tokens = self.prompt_tokens
+        fields["ttft_s"] = self.ttft
+        fields["content"] = "".join(self.content)
+        fields["reasoning"] = "".join(self.reasoning)
+        fields["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        fields["finish_reason"] = self.finish_reason
+        fields["chunk_times_s"] = self.chunk_times
+        fields["prompt_tokens"] = self.prompt_tokens
         if self.usage_tokens is not None:
-            record.completion_tokens, record.token_source = self.usage_tokens, "usage"
+            fields["completion_tokens"], fields["token_source"] = self.usage_tokens, "usage"
         else:
-            record.completion_tokens, record.token_source = self.counted, "counted"
+            fields["completion_tokens"], fields["token_source"] = self.counted, "counted"
 
 
-def _read_body(data: Any, record: CallRecord) -> None:
+def _read_body(data: Any, fields: dict[str, Any]) -> None:
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
         raise EndpointError("malformed_response", "response has no 'choices' list")
     usage = data.get("usage") or {}
     if usage:
-        record.prompt_tokens = usage.get("prompt_tokens")
-        record.completion_tokens = usage.get("completion_tokens")
-        record.token_source = "usage"
+        fields["prompt_tokens"] = usage.get("prompt_tokens")
+        fields["completion_tokens"] = usage.get("completion_tokens")
+        fields["token_source"] = "usage"
     if data["choices"]:
         choice = data["choices"][0]
         message = choice.get("message") or {}
-        record.content = message.get("content") or ""
-        record.reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
-        record.finish_reason = choice.get("finish_reason")
-        record.tool_calls = [
+        fields["content"] = message.get("content") or ""
+        fields["reasoning"] = message.get("reasoning_content") or message.get("reasoning") or ""
+        fields["finish_reason"] = choice.get("finish_reason")
+        fields["tool_calls"] = [
             ToolCall(
                 id=c.get("id") or "",
                 name=(c.get("function") or {}).get("name") or "",
