@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from metrale import __version__
-from metrale.errors import EXIT_USAGE, MetraleError, UsageError
+from metrale.errors import EXIT_USAGE, MetraleError, RunError, UsageError
 
 T = TypeVar("T")
 
@@ -223,9 +223,12 @@ async def open_target(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
     embedded_model_path()  # a missing extra is a usage error, before anything starts
     print("starting the embedded llama.cpp server (SmolLM2-135M-Instruct)...", file=sys.stderr)
-    async with LocalLlamaServer() as server_url:
+    server = LocalLlamaServer()
+    async with server as server_url:
         found = await probe(server_url, args.model, None)
         yield Target(base_url=found.base_url, model=found.model, embedded=True)
+    if server.died:
+        raise RunError(f"the embedded llama.cpp server died during the run ({server.died})")
 
 
 def client_options(args: argparse.Namespace):  # type: ignore[no-untyped-def]

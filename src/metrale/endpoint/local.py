@@ -81,6 +81,8 @@ class LocalLlamaServer:
         self.model = MODEL_NAME
         self._proc: subprocess.Popen[bytes] | None = None
         self._log = None
+        #: Set by `stop()` when the server had already exited on its own: a crash mid-run.
+        self.died: str | None = None
 
     async def __aenter__(self) -> str:
         return await self.start()
@@ -146,6 +148,8 @@ class LocalLlamaServer:
     def stop(self) -> None:
         """Terminate the server's process group, then kill it if it lingers. Idempotent."""
         proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is not None:
+            self.died = f"exit code {proc.returncode}: {self._tail()}"
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
