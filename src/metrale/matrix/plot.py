@@ -92,8 +92,9 @@ def build_figure(cells: Sequence[CellResult]) -> Figure:
         spreads = [Spread.of(c.stage(stage)) for c in ordered]
         for xi, c, s in zip(xs, ordered, spreads, strict=True):
             if s.p50 is None or s.p10 is None or s.p90 is None:
-                ax.text(xi, 0, "failed" if c.status == "failed" else "no data", rotation=90,
-                        ha="center", va="bottom", fontsize=8, color="0.4")  # fmt: skip
+                ax.text(xi, 0.02, "failed" if c.status == "failed" else "no data", rotation=90,
+                        transform=ax.get_xaxis_transform(), ha="center", va="bottom",
+                        fontsize=9, color="C3")  # fmt: skip
                 continue
             ax.bar(xi, s.p50, width=0.8, color=colour[c.runtime], edgecolor="0.2", linewidth=0.5)
             ax.errorbar(xi, s.p50, yerr=[[s.p50 - s.p10], [s.p90 - s.p50]],

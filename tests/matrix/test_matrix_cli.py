@@ -1,0 +1,185 @@
+"""`metrale matrix / report / plot / compare` end to end, against a real `metrale sim`."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from metrale.matrix.cellfile import read_cell, read_cells
+from metrale.rollout import SUMMARY_STAGES
+from metrale.stats import Spread
+from tests.conftest import Sim, run_cli, start_sim
+
+#: Two runtimes the sweep runs through (the runtime axis).
+RUNTIMES = ("none", "subprocess")
+ROLLOUTS = (3, 5)
+CAPS = ("none", "2")
+CELLS = sorted(
+    f"{rt}-r{r}" + ("" if c == "none" else f"-c{c}")
+    for rt in RUNTIMES
+    for r in ROLLOUTS
+    for c in CAPS
+)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sim, Path, str]]:
+    out = tmp_path_factory.mktemp("sweep") / "results"
+    with start_sim("--ttft", "0.01") as sim:
+        proc = run_cli([
+            "matrix", "gsm8k", "--target", sim.url, "--runtime", ",".join(RUNTIMES),
+            "--rollouts", ",".join(map(str, ROLLOUTS)), "--max-concurrent", ",".join(CAPS),
+            "-p", "max_tokens=8", "--out", str(out),
+        ])  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        yield sim, out, proc.stdout
+
+
+def test_sweep_writes_one_file_per_cell_with_the_fields(sweep) -> None:  # type: ignore[no-untyped-def]
+    sim, out, stdout = sweep
+    assert sorted(p.name for p in out.glob("*.json")) == sorted(f"{c}.json" for c in CELLS)
+    lines = stdout.splitlines()
+    assert len(lines) == 8 and lines[0].startswith("[1/8] ") and lines[-1].startswith("[8/8] ")
+    for name in CELLS:
+        data = json.loads((out / f"{name}.json").read_text())
+        runtime, r, *cap = name.split("-")
+        assert data["cell"] == name and data["benchmark"] == "gsm8k"
+        assert data["runtime"] == runtime and data["rollouts"] == int(r[1:])
+        if cap:
+            assert data["max_concurrent"] == int(cap[0][1:])
+        else:
+            assert "max_concurrent" not in data
+        assert (data["runtime_config"] is None) == (runtime == "none")
+        assert data["target"] == sim.url and data["model"] == "metrale-sim"
+        assert data["metrale_version"] and data["started_at"].startswith("20")
+        assert data["status"] == "completed" and data["error"] is None
+        assert data["e2e_s"] > 0 and data["errors"] == 0 and data["reward_mean"] == 0.0
+        assert data["params"]["max_tokens"] == 8
+        for stage in SUMMARY_STAGES:
+            values = data["durations"][stage]
+            assert len(values) == data["rollouts"] and values == sorted(values)
+        assert min(data["durations"]["generation"]) >= 0.01  # the sim's time to first token
+        run_dir = out / "runs" / name
+        assert len((run_dir / "rollouts.jsonl").read_text().splitlines()) == data["rollouts"]
+        assert (run_dir / "result.json").is_file()
+
+
+def test_rerunning_one_cell_changes_only_its_file(sweep, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    sim, out, _ = sweep
+    copy = tmp_path / "results"
+    shutil.copytree(out, copy)
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in copy.glob("*.json")}
+    time.sleep(0.05)
+    target_cell = f"{RUNTIMES[1]}-r3-c2"
+    proc = run_cli([
+        "matrix", "gsm8k", "--target", sim.url, "--runtime", ",".join(RUNTIMES),
+        "--rollouts", ",".join(map(str, ROLLOUTS)), "--max-concurrent", ",".join(CAPS),
+        "-p", "max_tokens=8", "--out", str(copy), "--only", target_cell, "--no-preflight",
+    ])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"[1/1] {target_cell} ")
+    after = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in copy.glob("*.json")}
+    assert set(after) == set(before)
+    changed = {name for name in after if after[name] != before[name]}
+    assert changed == {f"{target_cell}.json"}
+    assert (
+        read_cell(copy / f"{target_cell}.json").started_at
+        > json.loads(before[f"{target_cell}.json"][1])["started_at"]
+    )
+
+
+def test_report_is_the_files_numbers(sweep) -> None:  # type: ignore[no-untyped-def]
+    _, out, _ = sweep
+    cells = {c.cell: c for c in read_cells(out)}
+    proc = run_cli(["report", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    header = [h.strip() for h in lines[0].strip("|").split("|")]
+    assert header == ["cell", "conc", "e2e", "err", "rew", *SUMMARY_STAGES]
+    assert set(lines[1]) <= {"|", "-"}
+    rows = [[x.strip() for x in line.strip("|").split("|")] for line in lines[2:]]
+    assert sorted(r[0] for r in rows) == CELLS
+    for row in rows:
+        c = cells[row[0]]
+        assert row[1] == ("∞" if c.max_concurrent is None else str(c.max_concurrent))
+        assert row[2] == f"{c.e2e_s:.2f}" and row[3] == "0" and row[4] == "0.000"
+        assert row[5:] == [Spread.of(c.durations[s]).cell() for s in SUMMARY_STAGES]
+    csv_proc = run_cli(["report", str(out), "--csv"])
+    parsed = list(csv.reader(io.StringIO(csv_proc.stdout)))
+    assert parsed[1:] == rows
+
+
+def test_plot_writes_a_png_of_four_panels(sweep, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import matplotlib.image
+
+    from metrale.matrix.plot import build_figure
+
+    _, out, _ = sweep
+    png = tmp_path / "sweep.png"
+    proc = run_cli(["plot", str(out), "-o", str(png)])
+    assert proc.returncode == 0, proc.stderr
+    fig = build_figure(read_cells(out))
+    assert len(fig.axes) == 4
+    assert all(len(ax.patches) == 8 for ax in fig.axes)
+    width, height = fig.canvas.get_width_height()
+    assert matplotlib.image.imread(png).shape[:2] == (height, width)
+    assert f"({width}x{height} px)" in proc.stderr
+
+
+def test_compare_same_and_worse_from_run_directories(tmp_path: Path) -> None:
+    """Two runs against one sim are one distribution; a sim 4x slower to first token is worse."""
+    runs = {}
+    with start_sim("--ttft", "0.1") as fast, start_sim("--ttft", "0.4") as slow:
+        for name, sim in (("a", fast), ("b", fast), ("slow", slow)):
+            proc = run_cli([
+                "run", "gsm8k", "--target", sim.url, "--rollouts", "12", "--max-tokens", "8",
+                "--no-preflight", "--out", str(tmp_path / name),
+            ])  # fmt: skip
+            assert proc.returncode == 0, proc.stderr
+            runs[name] = tmp_path / name
+    same = run_cli(["compare", str(runs["a"]), str(runs["b"])])
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "6 rows: 6 same, 0 better, 0 worse" in same.stdout
+    verdicts = compare_csv(runs["a"], runs["b"])
+    assert verdicts == dict.fromkeys([*SUMMARY_STAGES, "errors", "reward"], "same")
+    worse = run_cli(["compare", str(runs["a"]), str(runs["slow"])])
+    assert worse.returncode == 1, worse.stdout + worse.stderr
+    verdicts = compare_csv(runs["a"], runs["slow"])
+    assert verdicts["generation"] == "worse" and verdicts["total"] == "worse"
+
+
+def compare_csv(a: Path, b: Path) -> dict[str, str]:
+    proc = run_cli(["compare", str(a), str(b), "--csv"])
+    rows = list(csv.DictReader(io.StringIO(proc.stdout)))
+    return {r["metric"]: r["verdict"] for r in rows}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["matrix", "gsm8k", "--runtime", "none,nosuch"], "unknown runtime 'nosuch'"),
+        (["matrix", "gsm8k", "--max-concurrent", "0"], "is not a concurrency cap"),
+        (["matrix", "gsm8k", "--rollouts", "two"], "is not a rollout count"),
+        (["matrix", "--config", "{toml}"], "is not valid TOML"),
+        (["report", "{empty}"], "holds no cell files"),
+        (["plot", "{empty}", "-o", "x.png"], "nothing to plot"),
+        (["compare", "{empty}", "{empty}"], "holds no cell files"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("rollouts = [4,\n")
+    (tmp_path / "empty").mkdir()
+    argv = [a.format(toml=bad, empty=tmp_path / "empty") for a in args]
+    proc = run_cli(argv, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not list(tmp_path.glob("results"))  # nothing ran
