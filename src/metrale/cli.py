@@ -388,8 +388,10 @@ def add_matrix_commands(sub: Any) -> None:
     rep.add_argument("--csv", action="store_true", help="CSV instead of Markdown")
     rep.set_defaults(handler=cmd_report)
 
-    plo = sub.add_parser("plot", help="plot a sweep directory to a PNG")
-    plo.add_argument("dir", type=Path, metavar="DIR", help="a 'metrale matrix' output directory")
+    plo = sub.add_parser("plot", help="plot a sweep or a serve run directory to a PNG")
+    plo.add_argument(
+        "dir", type=Path, metavar="DIR", help="a 'metrale matrix' or serve run directory"
+    )
     plo.add_argument("-o", "--output", type=Path, required=True, metavar="FILE.png")
     plo.set_defaults(handler=cmd_plot)
 
@@ -467,16 +469,25 @@ def cmd_plot(args: argparse.Namespace, extra: Sequence[str]) -> int:
     Today: a sweep directory (cell files from 'metrale matrix'). Other kinds (e.g. a serve run
     directory's latency-throughput plot) add a branch here, before the sweep one.
     """
+    from metrale.benchmarks.serve.plot import is_serve_dir
     from metrale.matrix import is_cell_dir
 
     _no_extra(extra)
+    if is_serve_dir(args.dir):
+        from metrale.benchmarks.serve.plot import plot_serve
+
+        print(f"wrote {plot_serve(args.dir, args.output)}", file=sys.stderr)
+        return 0
     if is_cell_dir(args.dir):
         from metrale.matrix.plot import plot_dir
 
         info = plot_dir(args.dir, args.output)
         print(f"wrote {info.path} ({info.width_px}x{info.height_px} px)", file=sys.stderr)
         return 0
-    raise UsageError(f"{args.dir}: nothing to plot; accepted: a 'metrale matrix' directory")
+    raise UsageError(
+        f"{args.dir}: nothing to plot; accepted: a 'metrale matrix' directory "
+        "or a serve run directory"
+    )
 
 
 def cmd_compare(args: argparse.Namespace, extra: Sequence[str]) -> int:

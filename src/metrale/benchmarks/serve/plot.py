@@ -1,0 +1,74 @@
+"""The latency–throughput curve of a serve run: TTFT and TPOT (p50, p90) and goodput against the
+achieved request throughput of each load level, the knee (peak goodput) marked.
+
+Reads `levels.json` from a serve run directory. matplotlib is imported here only, drawn with the
+Agg canvas (no pyplot, no display).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from metrale.errors import UsageError
+
+
+def is_serve_dir(directory: Path) -> bool:
+    """A serve run directory: it has the `levels.json` the serve benchmark writes."""
+    return (directory / "levels.json").is_file()
+
+
+def plot_serve(directory: Path, out: Path) -> Path:
+    """Draw the curve of `directory` into the PNG `out`; return its path."""
+    from metrale.benchmarks.serve.benchmark import LEVELS_FILE, ServeLevels
+
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("plotting needs matplotlib: pip install 'metrale[plot]'") from None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    try:
+        levels = ServeLevels.model_validate_json((directory / LEVELS_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{directory / LEVELS_FILE} is not a serve levels file: {exc}") from None
+    points = sorted(
+        (lv for lv in levels.levels if lv.metrics.get("request_throughput")),
+        key=lambda lv: float(lv.metrics["request_throughput"] or 0.0),
+    )
+    if not points:
+        raise UsageError(f"{directory}: no load level completed a request; nothing to plot")
+    x = [float(lv.metrics["request_throughput"] or 0.0) for lv in points]
+    knee = next((i for i, lv in enumerate(points) if lv.index == levels.knee), None)
+
+    fig = Figure(figsize=(13, 4.2), dpi=110)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 3)
+    for ax, metric, title in (
+        (axes[0], "ttft", "TTFT (ms)"),
+        (axes[1], "tpot", "TPOT (ms)"),
+    ):
+        for q, style in (("p50", "o-"), ("p90", "s--")):
+            ys = [lv.metrics.get(f"{metric}_ms_{q}") for lv in points]
+            ax.plot(x, [float("nan") if y is None else y for y in ys], style, label=q)
+        ax.set_title(title)
+        ax.set_ylabel("ms")
+    good = [float(lv.metrics.get("goodput") or 0.0) for lv in points]
+    axes[2].plot(x, good, "o-", color="tab:green", label="goodput")
+    axes[2].plot(x, x, ":", color="grey", label="goodput = throughput")
+    slo_text = ", ".join(f"{k} ≤ {v:g}" for k, v in levels.slos.items()) or "no SLO"
+    axes[2].set_title(f"goodput (req/s; {slo_text})")
+    for ax in axes:
+        ax.set_xlabel("achieved throughput (req/s)")
+        ax.grid(alpha=0.3)
+        if knee is not None:
+            ax.axvline(x[knee], color="tab:red", alpha=0.5, linestyle="--", label="knee")
+        ax.legend(fontsize=8)
+    for i, lv in enumerate(points):
+        axes[2].annotate(lv.label, (x[i], good[i]), fontsize=7, alpha=0.7,
+                         textcoords="offset points", xytext=(3, 3))  # fmt: skip
+    fig.suptitle(f"serve: {directory.name}")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    return out
