@@ -42,13 +42,11 @@ class CellResult(BaseModel):
     status: Literal["completed", "failed"] = "completed"
     error: str | None = None
     e2e_s: float | None = None
-    records: int = Field(0, description="rollout records written (finished rollouts)")
+    records: int = Field(default=0, description="rollout records written (finished rollouts)")
     errors: int = 0
     reward_mean: float | None = None
     rewards: list[float] = Field(default_factory=list, description="sorted per-rollout rewards")
-    durations: dict[str, list[float]] = Field(
-        default_factory=lambda: {s: [] for s in SUMMARY_STAGES}
-    )
+    durations: dict[str, list[float]] = Field(default_factory=lambda: _no_durations())
     run_dir: str | None = None
 
     def stage(self, name: str) -> list[float]:
@@ -62,6 +60,10 @@ class CellResult(BaseModel):
         """Sweep order: tier, runtime, rollouts, then cap (unbounded first), then parameters."""
         conc = -1 if self.max_concurrent is None else self.max_concurrent
         return (self.tier or "", self.runtime, self.rollouts, conc, self.cell)
+
+
+def _no_durations() -> dict[str, list[float]]:
+    return {s: [] for s in SUMMARY_STAGES}
 
 
 def summarize(records: Sequence[RolloutRecord], cell: CellResult) -> CellResult:

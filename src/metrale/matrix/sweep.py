@@ -77,24 +77,20 @@ class Sweep:
         keys = list(self.params)
         swept = [k for k in keys if len(self.params[k]) > 1]
         out: list[Cell] = []
-        for tier, runtime, rollouts, conc, *values in itertools.product(
-            self.tiers,
-            self.runtimes,
-            self.rollouts,
-            self.max_concurrent,
-            *(self.params[k] for k in keys),
-        ):
+        core = itertools.product(self.tiers, self.runtimes, self.rollouts, self.max_concurrent)
+        for tier, runtime, rollouts, conc in core:
             if rollouts is None:
                 raise ValueError("resolve the rollouts axis before listing cells")
-            params = dict(zip(keys, values, strict=True))
-            name = cell_name(
-                runtime,
-                rollouts,
-                conc,
-                tier=tier.name if len(self.tiers) > 1 else None,
-                params={k: params[k] for k in swept},
-            )
-            out.append(Cell(name, tier, runtime, rollouts, conc, params))
+            for values in itertools.product(*(self.params[k] for k in keys)):
+                params = dict(zip(keys, values, strict=True))
+                name = cell_name(
+                    runtime,
+                    rollouts,
+                    conc,
+                    tier=tier.name if len(self.tiers) > 1 else None,
+                    params={k: params[k] for k in swept},
+                )
+                out.append(Cell(name, tier, runtime, rollouts, conc, params))
         names = [c.name for c in out]
         if len(set(names)) != len(names):
             dup = next(n for n in names if names.count(n) > 1)
