@@ -466,8 +466,8 @@ def cmd_report(args: argparse.Namespace, extra: Sequence[str]) -> int:
 def cmd_plot(args: argparse.Namespace, extra: Sequence[str]) -> int:
     """Dispatch on what DIR holds: each kind of results owns its figure.
 
-    Today: a sweep directory (cell files from 'metrale matrix'). Other kinds (e.g. a serve run
-    directory's latency-throughput plot) add a branch here, before the sweep one.
+    A serve run directory (latency against throughput) or a sweep directory (cell files from
+    'metrale matrix'); another kind of results adds its branch here.
     """
     from metrale.benchmarks.serve.plot import is_serve_dir
     from metrale.matrix import is_cell_dir
