@@ -143,6 +143,7 @@ class SimServer:
             return await self._serve_chat(request)
 
     async def _serve_chat(self, request: web.Request) -> web.StreamResponse:
+        arrived = time.monotonic()  # the TTFT counts from here: reading the body is part of it
         self.stats.requests += 1
         try:
             body = orjson.loads(await request.read())
@@ -178,7 +179,7 @@ class SimServer:
         }
         created = int(time.time())
         if self.config.ttft_s > 0:
-            await asyncio.sleep(self.config.ttft_s)
+            await asyncio.sleep(max(0.0, arrived + self.config.ttft_s - time.monotonic()))
         if not body.get("stream"):
             out = {
                 "id": "chatcmpl-sim",

@@ -10,11 +10,11 @@ The definitions it fills in (TTFT, chunk, output tokens) are those of `serve.met
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 import aiohttp
+import orjson
 
 from metrale.benchmarks.serve.metrics import RequestRecord, spread_tokens
 from metrale.endpoint.client import Target
@@ -88,7 +88,7 @@ class _StreamError(Exception):
 async def _read_events(resp: aiohttp.ClientResponse, record: RequestRecord, send: float) -> None:
     """Parse the SSE stream: every piece the socket delivers is stamped once, on arrival."""
     clock = time.perf_counter
-    loads = json.loads
+    loads = orjson.loads
     times: list[float] = []
     cumulative: list[int] = []
     usage: dict[str, Any] | None = None
