@@ -124,3 +124,14 @@ def test_url_normalization() -> None:
     assert Target.normalize_url("http://h:8000/") == "http://h:8000/v1"
     assert Target.normalize_url("http://h:8000/v1/") == "http://h:8000/v1"
     assert Target.normalize_url("https://api.x.com/openai/v1") == "https://api.x.com/openai/v1"
+
+
+def test_done_without_finish_reason_is_an_incomplete_stream() -> None:
+    from metrale.endpoint.client import _StreamState
+
+    state = _StreamState(record_chunks=False)
+    state.feed(b'data: {"choices": [{"delta": {"role": "assistant"}}]}', 0.1)
+    state.feed(b"data: [DONE]", 0.2)
+    with pytest.raises(EndpointError) as info:
+        state.finish({})
+    assert info.value.kind == "incomplete_stream"

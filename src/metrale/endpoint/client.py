@@ -319,8 +319,14 @@ class _StreamState:
                 self.finish_reason = choice["finish_reason"]
 
     def finish(self, fields: dict[str, Any]) -> None:
-        if not self.done and self.finish_reason is None:
-            raise _Retryable("connection", "stream ended before [DONE] or a finish_reason")
+        if self.finish_reason is None:
+            if not self.done:
+                raise _Retryable("connection", "stream ended before [DONE] or a finish_reason")
+            # [DONE] with no finish_reason: the server cut the generation short (llama.cpp's
+            # Python server does this to a stream when another request interrupts it).
+            raise EndpointError(
+                "incomplete_stream", "stream ended with [DONE] but no finish_reason"
+            )
         fields["ttft_s"] = self.ttft
         fields["content"] = "".join(self.content)
         fields["reasoning"] = "".join(self.reasoning)

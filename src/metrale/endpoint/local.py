@@ -103,6 +103,9 @@ class LocalLlamaServer:
             "--n_ctx", str(self.n_ctx),
             "--n_threads", str(self.n_threads),
             "--verbose", "False",
+            # The server's default cancels a running stream when the next request arrives;
+            # a benchmark's concurrent calls must queue instead.
+            "--interrupt_requests", "False",
         ]  # fmt: skip
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
         self._proc = subprocess.Popen(  # noqa: ASYNC220 - fork+exec is quick; waiting is async

@@ -1,0 +1,129 @@
+"""The embedded llama.cpp server: a real run, and no orphan on any exit path."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from metrale.endpoint import local
+from metrale.errors import UsageError
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.skipif(
+    local.importlib.util.find_spec("llama_cpp") is None, reason="the 'local' extra is not installed"
+)
+
+
+def children_named(parent: int, needle: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == parent and needle in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_gone(pids: list[int], timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_gsm8k_on_the_embedded_model(tmp_path: Path) -> None:
+    proc = run_cli(
+        ["run", "gsm8k", "--rollouts", "3", "--max-tokens", "48", "--out", str(tmp_path), "--json"],
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["info"]["embedded"] is True
+    assert result["info"]["model"] == local.MODEL_NAME
+    assert result["info"]["preflight"] is not None  # answered or not, it is recorded
+    metrics = result["result"]["metrics"]
+    assert metrics["rollouts"] == 3 and metrics["errors"] == 0
+    records = [json.loads(x) for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    # llama-cpp-python's server sends no usage when streaming: tokens are counted, and say so.
+    assert all(r["tokens"]["completion"] > 0 for r in records)
+    assert all(r["tokens"]["source"] in {"usage", "counted"} for r in records)
+    assert all(r["metrics"]["finish_reason"] in {"stop", "length"} for r in records)
+    assert all(r["stages"]["generation"]["duration_s"] > 0 for r in records)
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_no_orphan_server_when_metrale_is_stopped(tmp_path: Path, how: signal.Signals) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "metrale", "run", "gsm8k", "--rollouts", "200",
+         "--max-tokens", "64", "--max-concurrent", "1", "--out", str(tmp_path), "--no-preflight"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        records = tmp_path / "rollouts.jsonl"
+        deadline = time.monotonic() + 120
+        servers: list[int] = []
+        while time.monotonic() < deadline and not (records.exists() and records.stat().st_size):
+            servers = servers or children_named(proc.pid, "llama_cpp.server")
+            time.sleep(0.1)
+        servers = servers or children_named(proc.pid, "llama_cpp.server")
+        assert servers, "the embedded server never started"
+        proc.send_signal(how)
+        proc.communicate(timeout=60)
+        if how is not signal.SIGKILL:
+            assert proc.returncode == 130
+        assert wait_gone(servers), f"llama.cpp server outlived metrale ({how.name})"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert records.read_text().count("\n") >= 1
+
+
+def test_missing_extra_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = local.importlib.util.find_spec
+    monkeypatch.setattr(
+        local.importlib.util, "find_spec", lambda name: None if name == "llama_cpp" else real(name)
+    )
+    with pytest.raises(UsageError, match=r"pip install 'metrale\[local\]'.* or pass --target"):
+        local.embedded_model_path()
+
+
+def test_server_stops_on_exit_and_records_a_crash() -> None:
+    import asyncio
+
+    async def go() -> local.LocalLlamaServer:
+        server = local.LocalLlamaServer()
+        async with server:
+            pid = server._proc.pid  # type: ignore[union-attr]
+            os.killpg(pid, signal.SIGKILL)
+            for _ in range(50):
+                if server._proc.poll() is not None:  # type: ignore[union-attr]
+                    break
+                await asyncio.sleep(0.1)
+        return server
+
+    server = asyncio.run(go())
+    assert server.died is not None and "exit code -9" in server.died
