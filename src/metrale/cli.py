@@ -68,9 +68,9 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--request-timeout",
         type=_positive_float,
-        default=120.0,
+        default=600.0,
         metavar="S",
-        help="seconds per request (default 120)",
+        help="seconds per request, server-side queueing included (default 600)",
     )
     g.add_argument("--no-stream", action="store_true", help="non-streaming calls")  # fmt: skip
 

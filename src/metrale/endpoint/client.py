@@ -46,7 +46,7 @@ class Target(BaseModel):
 
 
 class ClientOptions(BaseModel):
-    request_timeout_s: float = 120.0
+    request_timeout_s: float = 600.0
     retries: int = 2
     backoff_base_s: float = 0.25
     backoff_max_s: float = 8.0
