@@ -35,6 +35,8 @@ class RuntimeConfig(BaseModel):
 
     type: str
     output_cap_bytes: int = 1 << 20
+    start_rate: float | None = None
+    """Sandbox creations per second across one run (None: unthrottled); waiting counts as setup."""
 
 
 @runtime_checkable
@@ -66,3 +68,44 @@ class Runtime(Protocol):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None: ...
+
+
+class RuntimeBase:
+    """What every runtime shares: the async context manager, and awaiting the run's creation
+    throttle (if any) at the top of `start()` so the wait is part of the measured setup."""
+
+    config: RuntimeConfig
+
+    def __init__(self, config: RuntimeConfig, throttle: Throttle | None = None) -> None:
+        self.config = config
+        self._throttle = throttle
+
+    async def _await_throttle(self) -> None:
+        if self._throttle is not None:
+            await self._throttle.acquire()
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+
+class Throttle(Protocol):
+    async def acquire(self) -> None: ...
