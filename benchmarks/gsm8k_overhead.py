@@ -7,6 +7,9 @@ scoring, and writing 1,024 records. Overhead per rollout = (e2e − 1 s) / rollo
     python benchmarks/gsm8k_overhead.py --rollouts 1024 --repeats 5
 
 Prints each repeat and the medians; goal (issue #2): e2e <= 1.5 s, scoring p50 <= 5 ms.
+`cpu_ms_per_rollout` is metrale's own CPU time (process time, all threads) per rollout: on a
+shared, noisy machine it is the steadier figure, since wall-clock overhead also counts the time
+other processes held the cores.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from metrale.endpoint.client import Target
@@ -58,11 +62,14 @@ def main() -> int:
                     preflight=False,
                     progress=None,
                 )
+                cpu0 = time.process_time()
                 outcome = asyncio.run(run(request))
+                cpu_s = time.process_time() - cpu0
             m, stages = outcome.result.metrics, outcome.result.stages
             row = {
                 "e2e_s": m["e2e_s"],
                 "overhead_ms_per_rollout": (m["e2e_s"] - args.latency) / args.rollouts * 1e3,
+                "cpu_ms_per_rollout": cpu_s / args.rollouts * 1e3,
                 "generation_p50_s": stages["generation"].p50,
                 "scoring_p50_ms": stages["scoring"].p50 * 1e3,
                 "errors": m["errors"],
