@@ -172,3 +172,11 @@ def test_client_counts_chunks_without_usage_and_flags_a_cut_stream() -> None:
     cut = rec()
     with pytest.raises(Exception, match="incomplete"):
         asyncio.run(_read_events(_Resp([_event({"content": "a"})]), cut, 0.0))  # type: ignore[arg-type]
+
+
+def test_client_reads_completions_text_chunks() -> None:
+    record = rec()
+    text = b'data: {"choices": [{"index": 0, "text": "hi", "finish_reason": null}]}\n\n'
+    pieces = [text, text, b"data: [DONE]\n\n"]
+    asyncio.run(_read_events(_Resp(pieces), record, 0.0))  # type: ignore[arg-type]
+    assert record.output_tokens == 2 and record.ttfc_s == record.ttft_s

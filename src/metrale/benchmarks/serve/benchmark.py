@@ -174,6 +174,8 @@ class ServeBenchmark:
                       help="distinct synthetic prompts, used in turn"),
             ParamSpec(name="max_tokens", type="int", default=128, min=1, max=1_000_000,
                       help="output token cap per request"),
+            ParamSpec(name="api", type="str", default="chat", choices=["chat", "completions"],
+                      help="/chat/completions (messages) or /completions (a prompt string)"),
             ParamSpec(name="ignore_eos", type="bool", default=True,
                       help="ask the server to generate max_tokens regardless of EOS"),
             ParamSpec(name="temperature", type="float", default=0.0, min=0.0, max=2.0,
@@ -206,7 +208,9 @@ class ServeBenchmark:
     async def load(self, handle: PluginHandle) -> None:
         self._handle = handle
         v = self.values
-        self._client = await StreamClient(handle.target, v["request_timeout_s"]).__aenter__()
+        self._client = await StreamClient(
+            handle.target, v["request_timeout_s"], v["api"]
+        ).__aenter__()
         exact: bool | None = None
         if self._file_prompts is not None:
             prompts = self._file_prompts
@@ -233,12 +237,15 @@ class ServeBenchmark:
         v = self.values
         body: dict[str, Any] = {
             "model": self._handle.target.model if self._handle else "",
-            "messages": prompt.messages,
             "max_tokens": prompt.max_tokens or v["max_tokens"],
             "temperature": v["temperature"],
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if v["api"] == "chat":
+            body["messages"] = prompt.messages
+        else:  # the messages' text, joined: /completions applies no chat template
+            body["prompt"] = "\n".join(str(m.get("content", "")) for m in prompt.messages)
         if self._ignore_eos if ignore_eos is None else ignore_eos:
             body["ignore_eos"] = True
         return json.dumps(body).encode()

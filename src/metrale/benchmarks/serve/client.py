@@ -23,10 +23,11 @@ from metrale.endpoint.client import Target
 class StreamClient:
     """`async with StreamClient(target) as c: await c.send(body, record, t0)`."""
 
-    def __init__(self, target: Target, timeout_s: float = 300.0) -> None:
+    def __init__(self, target: Target, timeout_s: float = 300.0, api: str = "chat") -> None:
         self.target = target
         self.timeout_s = timeout_s
-        self.url = target.base_url + "/chat/completions"
+        # chat: /chat/completions (delta.content); completions: /completions (choices[].text).
+        self.url = target.base_url + ("/chat/completions" if api == "chat" else "/completions")
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> StreamClient:
@@ -125,7 +126,7 @@ async def _read_events(resp: aiohttp.ClientResponse, record: RequestRecord, send
             if choices:
                 choice = choices[0]
                 delta = choice.get("delta") or {}
-                if delta.get("content"):
+                if delta.get("content") or choice.get("text"):
                     times.append(now)
                     if ttfc is None:
                         ttfc = now
