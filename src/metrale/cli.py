@@ -75,6 +75,107 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-stream", action="store_true", help="non-streaming calls")  # fmt: skip
 
 
+def add_runtime_args(p: argparse.ArgumentParser) -> None:
+    """Flags that choose and shape a runtime (where commands run); see `runtime_from_args`."""
+    g = p.add_argument_group("runtime")
+    g.add_argument("--runtime", metavar="NAME", help="subprocess, bwrap, docker or ray")
+    g.add_argument(
+        "--retries-runtime",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="retries of a sandbox start that failed (default 0)",
+    )
+    g.add_argument(
+        "--runtime-rate",
+        type=_positive_float,
+        metavar="PER_S",
+        help="at most this many sandbox starts per second",
+    )
+    g.add_argument("--image", help="docker: image (default python:3.12-slim)")
+    g.add_argument("--docker-cli", metavar="CLI", help="docker: CLI to use (docker, podman)")
+    g.add_argument("--ray-address", metavar="ADDR", help="ray: auto, HOST:PORT or local")
+    g.add_argument(
+        "--ray-inner", metavar="NAME", help="ray: sandbox per actor, subprocess or bwrap"
+    )
+    g.add_argument(
+        "--cpu-seconds",
+        type=_non_negative_int,
+        metavar="S",
+        help="CPU seconds per process (RLIMIT_CPU)",
+    )
+    g.add_argument(
+        "--memory-mb",
+        type=_non_negative_int,
+        metavar="MB",
+        help="address space per process (docker: container memory)",
+    )
+    g.add_argument(
+        "--max-procs",
+        type=_non_negative_int,
+        metavar="N",
+        help="processes of the sandbox user (docker: pids limit)",
+    )
+    g.add_argument(
+        "--file-size-mb",
+        type=_non_negative_int,
+        metavar="MB",
+        help="largest file a process may write",
+    )
+    g.add_argument(
+        "--bind",
+        action="append",
+        metavar="SRC[:DST]",
+        help="bwrap: writable bind of a host path (repeatable)",
+    )
+    g.add_argument(
+        "--ro-bind",
+        action="append",
+        metavar="SRC[:DST]",
+        help="bwrap: read-only bind of a host path (repeatable)",
+    )
+    g.add_argument(
+        "--network",
+        action="store_true",
+        help="let sandboxes reach the network (bwrap: host network; docker: bridge)",
+    )
+    g.add_argument(
+        "--output-cap",
+        type=_non_negative_int,
+        metavar="BYTES",
+        help="stdout/stderr kept per command, head and tail (default 1 MiB)",
+    )
+
+
+def runtime_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The RuntimeConfig the runtime flags describe, or None without `--runtime`."""
+    from metrale.runtime import runtime_config
+
+    name = getattr(args, "runtime", None)
+    options = {
+        "image": getattr(args, "image", None),
+        "cli": getattr(args, "docker_cli", None),
+        "address": getattr(args, "ray_address", None),
+        "inner": getattr(args, "ray_inner", None),
+        "cpu_s": getattr(args, "cpu_seconds", None),
+        "memory_mb": getattr(args, "memory_mb", None),
+        "max_procs": getattr(args, "max_procs", None),
+        "file_size_mb": getattr(args, "file_size_mb", None),
+        "rw_binds": getattr(args, "bind", None),
+        "ro_binds": getattr(args, "ro_bind", None),
+        "output_cap_bytes": getattr(args, "output_cap", None),
+        "start_rate": getattr(args, "runtime_rate", None),
+    }
+    if getattr(args, "network", False):
+        options["network"] = "bridge" if name == "docker" else True
+    if not name:
+        given = sorted(k for k, v in options.items() if v is not None)
+        if given:
+            raise UsageError(f"runtime option(s) {', '.join(given)} need --runtime NAME")
+        return None
+    return runtime_config(name, **options)
+
+
 def build_parser() -> _Parser:
     parser = _Parser(prog="metrale", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--version", action="version", version=f"metrale {__version__}")
@@ -96,6 +197,7 @@ def build_parser() -> _Parser:
         help="a benchmark parameter (repeatable)",
     )
     add_target_args(run)
+    add_runtime_args(run)
     run.add_argument(
         "--out",
         type=Path,
@@ -152,6 +254,7 @@ def build_parser() -> _Parser:
     )
     sim.set_defaults(handler=cmd_sim)  # fmt: skip
     add_matrix_commands(sub)
+    add_runtime_commands(sub)
     return parser
 
 
@@ -252,6 +355,11 @@ def cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
     if budgets_path is None and Path("BENCH.toml").is_file():
         budgets_path = Path("BENCH.toml")
     budgets = load_budgets(budgets_path, args.benchmark) if budgets_path else {}
+    runtime = runtime_from_args(args)
+    if runtime is not None:
+        from metrale.runtime import check_runtime
+
+        check_runtime(runtime)
 
     async def go() -> runner.RunResult:
         from metrale.endpoint.client import Target
@@ -264,6 +372,8 @@ def cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
             out=args.out,
             budgets=budgets,
             preflight=not args.no_preflight,
+            runtime=runtime,
+            runtime_retries=args.retries_runtime,
         )
         runner.prepare(request)  # bad parameters fail before a server starts
         async with open_target(args) as target:
@@ -500,6 +610,71 @@ def cmd_compare(args: argparse.Namespace, extra: Sequence[str]) -> int:
     result = compare_paths(args.a, args.b, rel_tol=args.tolerance)
     print(render_comparison(result, "csv" if args.csv else "plain"))
     return EXIT_VERDICT_FAILED if result.worse else 0
+
+
+def add_runtime_commands(sub: Any) -> None:
+    ex = sub.add_parser(
+        "exec",
+        help="run one command in a fresh sandbox",
+        description="Start a fresh sandbox, run COMMAND in it, print its output, stop the "
+        "sandbox; exit with the command's exit code (124 on timeout).",
+    )
+    add_runtime_args(ex)
+    ex.add_argument("--timeout", type=_positive_float, metavar="S", help="seconds (default none)")
+    ex.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
+    ex.set_defaults(handler=cmd_exec)
+    cl = sub.add_parser("cleanup", help="remove docker containers a killed run left behind")
+    cl.add_argument("--docker-cli", metavar="CLI", default="docker")
+    cl.set_defaults(handler=cmd_cleanup)
+
+
+def cmd_exec(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    from metrale.runtime import check_runtime, create_runtime
+
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    _no_extra(extra)
+    if not args.runtime:
+        raise UsageError("metrale exec needs --runtime NAME (subprocess, bwrap, docker, ray)")
+    if not command:
+        raise UsageError("metrale exec needs a command after --")
+    config = runtime_from_args(args)
+    check_runtime(config)
+
+    async def go() -> int:
+        from metrale.runtime import RuntimeStartError
+
+        try:
+            async with create_runtime(config) as sandbox:
+                result = await sandbox.run(command, timeout=args.timeout)
+        except RuntimeStartError as exc:
+            raise RunError(f"sandbox did not start: {exc}") from None
+        sys.stdout.write(result.stdout)
+        sys.stdout.flush()
+        sys.stderr.write(result.stderr)
+        sys.stderr.flush()
+        return 124 if result.timed_out else result.exit_code
+
+    try:
+        return run_async(go)
+    except FileNotFoundError as exc:
+        raise RunError(f"cannot start the sandbox: {exc}") from None
+    except RuntimeError as exc:
+        raise RunError(f"sandbox failed: {exc}") from None
+
+
+def cmd_cleanup(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    from metrale.runtime.docker import cleanup_containers
+
+    _no_extra(extra)
+    import shutil
+
+    if shutil.which(args.docker_cli) is None:
+        raise UsageError(f"{args.docker_cli!r} is not on PATH (--docker-cli)")
+    removed = run_async(lambda: cleanup_containers(args.docker_cli))
+    print(f"removed {len(removed)} metrale container(s)")
+    return 0
 
 
 def _no_extra(extra: Sequence[str]) -> None:

@@ -140,7 +140,7 @@ def runtime_config(name: str, **options: Any) -> RuntimeConfig:
     if limits:
         if "limits" in cls.model_fields:
             base = cls.model_fields["limits"].get_default(call_default_factory=True)
-            fields["limits"] = base.model_copy(update=limits)
+            fields["limits"] = {**base.model_dump(), **limits}
         elif name == "docker":
             for key in ("memory_mb", "max_procs"):
                 if key in limits:
@@ -233,7 +233,7 @@ def check_runtime(config: RuntimeConfig) -> None:
     elif isinstance(config, BwrapConfig):
         from metrale.runtime.bwrap import check_bwrap
 
-        check_bwrap()
+        check_bwrap(config)
     elif isinstance(config, DockerConfig):
         if shutil.which(config.cli) is None:
             raise UsageError(f"docker runtime: {config.cli!r} is not on PATH (--docker-cli)")

@@ -3,6 +3,10 @@
 setup: pick the problem (a seeded permutation of the 1,319 test problems; rollouts past 1,319
 wrap around) and build the messages. generation: one chat call. scoring: extract the final
 number and compare it with the reference; reward 1.0 on equality, else 0.0.
+
+With a runtime (`--runtime`), setup also starts a sandbox and writes `grader.py` (this
+package's answer extraction plus a main) into it, and scoring runs `python3 grader.py` there,
+as runtime comparisons do; without one, grading stays in-process.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from metrale.rollout import (
     run_rollouts,
     stage_spreads,
 )
+from metrale.runtime.configs import check_runtime, runtime_factory
 
 DEFAULT_SYSTEM_PROMPT = (
     "Solve the math problem step by step. End with a line of the form '#### <number>'."
@@ -62,6 +67,30 @@ def load_problems() -> list[Problem]:
     return problems
 
 
+GRADER_MAIN = """
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    with open(sys.argv[1], encoding="utf-8") as f:
+        parsed = extract_answer(f.read())
+    print(json.dumps({"parsed": parsed, "reward": 1.0 if parsed == sys.argv[2] else 0.0}))
+"""
+
+
+def grader_script() -> str:
+    """A standalone grader: the extraction rules of `answer.py`, verbatim, and a main."""
+    source = resources.files(__package__).joinpath("answer.py").read_text(encoding="utf-8")
+    return source + GRADER_MAIN
+
+
+class GraderError(Exception):
+    """The in-sandbox grader failed or printed no verdict (recorded on the rollout)."""
+
+    kind = "grader"
+
+
 class _Gsm8kRollout:
     def __init__(self, bench: Gsm8kBenchmark, problem: Problem) -> None:
         self.bench = bench
@@ -76,6 +105,8 @@ class _Gsm8kRollout:
         ctx.state["messages"] = messages
         ctx.record.metrics["problem"] = self.problem.index
         ctx.record.metrics["reference"] = self.problem.answer
+        if ctx.runtime is not None:
+            await ctx.runtime.write("grader.py", self.bench.grader)
 
     async def generate(self, ctx: RolloutContext) -> None:
         values = self.bench.values
@@ -96,9 +127,23 @@ class _Gsm8kRollout:
         ctx.state["completion"] = call.content
 
     async def score(self, ctx: RolloutContext) -> None:
-        parsed = extract_answer(ctx.state["completion"])
-        ctx.record.metrics["parsed"] = parsed
-        ctx.record.reward = 1.0 if parsed == self.problem.answer else 0.0
+        if ctx.runtime is None:
+            parsed = extract_answer(ctx.state["completion"])
+            ctx.record.metrics["parsed"] = parsed
+            ctx.record.reward = 1.0 if parsed == self.problem.answer else 0.0
+            return
+        await ctx.runtime.write("completion.txt", ctx.state["completion"] or "")
+        result = await ctx.runtime.run(
+            ["python3", "grader.py", "completion.txt", self.problem.answer], timeout=60
+        )
+        try:
+            verdict = json.loads(result.stdout.strip().splitlines()[-1])
+            reward = float(verdict["reward"])
+        except (IndexError, ValueError, KeyError, TypeError):
+            why = result.stderr.strip()[-300:] or f"exit {result.exit_code}, no verdict"
+            raise GraderError(f"grader failed: {why}") from None
+        ctx.record.metrics["parsed"] = verdict.get("parsed")
+        ctx.record.reward = reward
 
 
 def _record_call(record: RolloutRecord, call: CallRecord) -> None:
@@ -128,6 +173,7 @@ class Gsm8kBenchmark:
         self._task: asyncio.Task[list[RolloutRecord]] | None = None
         self._started = 0.0
         self._logs: list[LogLine] = []
+        self.grader = grader_script()
 
     def parameters(self) -> list[ParamSpec]:
         return [
@@ -150,6 +196,8 @@ class Gsm8kBenchmark:
         return self.values
 
     async def load(self, handle: PluginHandle) -> None:
+        if handle.runtime is not None:
+            check_runtime(handle.runtime)  # no sandbox here at all: a usage error, before work
         self._handle = handle
         self._problems = load_problems()
         order = list(range(len(self._problems)))
@@ -169,6 +217,9 @@ class Gsm8kBenchmark:
             ),
             on_record=handle.artifacts.append_record,
             run_id=handle.artifacts.run_dir.name,
+            make_runtime=runtime_factory(handle.runtime) if handle.runtime else None,
+            runtime_name=handle.runtime.type if handle.runtime else None,
+            runtime_retries=handle.runtime_retries,
         )
 
     async def next(self) -> BenchmarkResult:
@@ -265,6 +316,7 @@ def _metrics(records: list[RolloutRecord], elapsed: float) -> dict[str, float | 
             1 for r in records if r.reward is not None and r.metrics.get("parsed") is None
         ),
         "retries": sum(r.retries for r in records),
+        "runtime_retries": sum(r.runtime_retries for r in records),
         "e2e_s": elapsed,
         "prompt_tokens": sum(prompt) if prompt else None,
         "completion_tokens": sum(completion) if completion else None,

@@ -1,0 +1,135 @@
+"""The ray runtime: each rollout's sandbox (subprocess or bwrap) lives in a Ray actor that Ray
+places on some node of the cluster; `run/read/write` are calls to that actor.
+
+This is how a run outgrows one machine without a home-made scheduler: Ray decides placement
+(SPREAD by default), metrale only creates one actor per sandbox and kills it in `stop()`, so no
+actor outlives its rollout. Workers must be able to import metrale (same environment).
+Importing this module imports `ray` (the `ray` extra); `create_runtime` does so only on demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ray
+
+from metrale.runtime.base import ProgramResult, RuntimeBase, RuntimeStartError, Throttle
+from metrale.runtime.configs import RayConfig
+
+NAMESPACE = "metrale"
+
+
+@ray.remote
+class SandboxActor:
+    """Holds one inner runtime on whichever node Ray placed this actor."""
+
+    def __init__(self, inner: dict[str, Any]) -> None:
+        from metrale.runtime.configs import create_runtime, parse_runtime_config
+
+        self.runtime = create_runtime(parse_runtime_config(inner))
+
+    async def start(self) -> str:
+        await self.runtime.start()
+        return ray.get_runtime_context().get_node_id()
+
+    async def run(
+        self,
+        command: str | list[str],
+        env: dict[str, str] | None,
+        cwd: str | None,
+        timeout: float | None,
+    ) -> dict[str, Any]:
+        result = await self.runtime.run(command, env=env, cwd=cwd, timeout=timeout)
+        return result.model_dump()
+
+    async def read(self, path: str) -> bytes:
+        return await self.runtime.read(path)
+
+    async def write(self, path: str, data: bytes) -> None:
+        await self.runtime.write(path, data)
+
+    async def stop(self) -> None:
+        await self.runtime.stop()
+
+
+def connect(address: str) -> None:
+    """Join the cluster once per process (`auto`, `ray://...`, `HOST:PORT`, or `local` to start
+    a private one); Ray's own connection is process-wide."""
+    if ray.is_initialized():
+        return
+    ray.init(
+        address=None if address == "local" else address,
+        namespace=NAMESPACE,
+        log_to_driver=False,
+        ignore_reinit_error=True,
+        include_dashboard=False if address == "local" else None,
+    )
+
+
+class RayRuntime(RuntimeBase):
+    config: RayConfig
+
+    def __init__(self, config: RayConfig, throttle: Throttle | None = None) -> None:
+        super().__init__(config, throttle)
+        self.actor: Any = None
+        #: the Ray node the sandbox was placed on, once started
+        self.node_id: str | None = None
+        self._stopped = False
+
+    async def start(self) -> None:
+        await self._await_throttle()
+        if self._stopped:
+            raise RuntimeStartError("runtime already stopped")
+        try:
+            connect(self.config.address)
+        except Exception as exc:  # ray raises ConnectionError, RuntimeError, ...
+            raise RuntimeStartError(f"cannot reach ray at {self.config.address}: {exc}") from exc
+        options: dict[str, Any] = {"num_cpus": self.config.actor_cpus}
+        if self.config.spread:
+            options["scheduling_strategy"] = "SPREAD"
+        self.actor = SandboxActor.options(**options).remote(self.config.inner.model_dump())
+        try:
+            self.node_id = await self.actor.start.remote()
+        except Exception as exc:
+            raise RuntimeStartError(f"ray sandbox did not start: {exc}") from exc
+
+    def _require(self) -> Any:
+        if self.actor is None or self._stopped:
+            raise RuntimeError("ray runtime is not started")
+        return self.actor
+
+    async def run(
+        self,
+        command: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+    ) -> ProgramResult:
+        cmd = command if isinstance(command, str) else list(command)
+        raw = await self._require().run.remote(cmd, dict(env or {}) or None, cwd, timeout)
+        return ProgramResult.model_validate(raw)
+
+    async def read(self, path: str) -> bytes:
+        return await self._require().read.remote(path)
+
+    async def write(self, path: str, data: bytes | str) -> None:
+        payload = data.encode() if isinstance(data, str) else data
+        await self._require().write.remote(path, payload)
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.actor is None:
+            return
+        try:
+            # the actor may be dead already; killing it below still holds
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.actor.stop.remote(), 60)
+        finally:
+            ray.kill(self.actor, no_restart=True)
+            self.actor = None
