@@ -54,7 +54,8 @@ def guidellm_run(exe: str, url: str, prompts: Path, args: argparse.Namespace, ou
     backend = {
         "kind": "openai_http", "target": url.removesuffix("/v1"), "model": args.model,
         "request_format": "/v1/completions",
-        "extras": {"body": {"max_tokens": MAX_TOKENS, "temperature": 0.0}},
+        # metrale sends ignore_eos (llama-cpp-python honours it): the same body for both.
+        "extras": {"body": {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}},
         # llama-cpp-python has no /health, which guidellm's validation GETs.
         "validate_backend": False,
     }  # fmt: skip

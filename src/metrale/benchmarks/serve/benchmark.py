@@ -227,7 +227,7 @@ class ServeBenchmark:
                 self._log("warn", "the server has no tokenize endpoint: synthetic prompt "
                           f"lengths are approximate ({v['input_tokens']} tokens taken as "
                           f"{round(v['input_tokens'] / 1.3)} words)")  # fmt: skip
-        self._ignore_eos = v["ignore_eos"] and await self._accepts_ignore_eos(prompts[0])
+        self._ignore_eos = v["ignore_eos"] and await self._accepts_ignore_eos()
         self._bodies = [self._body(p) for p in prompts]
         self._levels = ServeLevels(
             load=v["load"], slos=self.slos, percentiles=self.percentiles, input_tokens_exact=exact
@@ -250,11 +250,12 @@ class ServeBenchmark:
             body["ignore_eos"] = True
         return json.dumps(body).encode()
 
-    async def _accepts_ignore_eos(self, prompt: Prompt) -> bool:
+    async def _accepts_ignore_eos(self) -> bool:
         """One short request with `ignore_eos`: a 4xx means the server refuses the field."""
         assert self._client is not None
         probe = RequestRecord(level=-1, index=-1, phase="warmup", intended_s=0.0, ready_s=0.0)
-        small = Prompt(prompt.messages, 2)
+        # Not a measured prompt: a server with a prefix cache would serve that one warm.
+        small = Prompt([{"role": "user", "content": "Say hi."}], 2)
         await self._client.send(self._body(small, ignore_eos=True), probe, time.perf_counter())
         if probe.status is not None and 400 <= probe.status < 500:
             self._log("warn", f"the server refused ignore_eos (HTTP {probe.status}); sent without")
