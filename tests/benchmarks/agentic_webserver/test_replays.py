@@ -122,3 +122,27 @@ def _verdict_lines(result: dict[str, Any]) -> list[str]:
     return [
         f"{'PASS' if c['passed'] else 'FAIL'} {c['metric']}" for c in result["verdict"]["checks"]
     ]
+
+
+def test_the_runners_runtime_wins_over_the_parameter(warm_cargo: WarmCache, tmp_path: Path) -> None:
+    """A matrix cell hands the runner a runtime config; the benchmark runs in it, with its binds."""
+    import asyncio
+
+    from metrale import runner
+    from metrale.endpoint.client import Target
+    from metrale.runtime.configs import runtime_config
+
+    with start_sim("--replay", str(REPLAYS.joinpath("turn_cap.jsonl"))) as sim:
+        request = runner.RunRequest(
+            benchmark="agentic_webserver",
+            params={"max_turns": 1, "runtime": "bwrap"},
+            target=Target(base_url=sim.url, model=sim.model),
+            runtime=runtime_config("subprocess"),
+            out=tmp_path / "run",
+            preflight=False,
+            progress=None,
+        )
+        outcome = asyncio.run(runner.run(request))
+    record = json.loads((tmp_path / "run/rollouts.jsonl").read_text())
+    assert record["runtime"] == "subprocess" and outcome.result.metrics["sum_turns"] == 1
+    assert any("in the subprocess runtime" in line.message for line in outcome.result.logs)

@@ -53,7 +53,7 @@ from metrale.plugin import (
     validate_params,
 )
 from metrale.rollout import Progress, RolloutContext, RolloutPlan, RolloutRecord, run_rollouts
-from metrale.runtime.base import Runtime
+from metrale.runtime.base import Runtime, RuntimeConfig
 
 RUNTIMES = ("bwrap", "subprocess")
 #: Where the sandbox directory is bound inside bwrap (subprocess uses the host path).
@@ -76,18 +76,22 @@ class _Iteration:
         self.state: dict[str, Any] = {}
 
     def make_runtime(self) -> Runtime:
-        from metrale.runtime.configs import create_runtime, runtime_config
+        """The run's runtime config (`runtime` parameter, or the runner's, e.g. from a matrix
+        cell, with its limits) plus this sandbox's binds: the toolchain and the cargo cache
+        read-only at their host paths, the sandbox read-write at /sandbox."""
+        from metrale.runtime.configs import Bind, BwrapConfig, create_runtime
 
         bench = self.bench
         assert bench.cache is not None and bench.toolchain is not None
-        if bench.runtime_name == "bwrap":
-            config = runtime_config(
-                "bwrap",
-                ro_binds=[str(bench.toolchain.root), str(bench.cache.home)],
-                rw_binds=[f"{self.sandbox}:{BWRAP_SANDBOX}"],
-            )
-        else:
-            config = runtime_config("subprocess")
+        config = bench.runtime_config
+        assert config is not None
+        if isinstance(config, BwrapConfig):
+            binds = [
+                Bind(src=str(bench.toolchain.root)),
+                Bind(src=str(bench.cache.home)),
+                Bind(src=str(self.sandbox), dst=BWRAP_SANDBOX, writable=True),
+            ]
+            config = config.model_copy(update={"binds": [*config.binds, *binds]})
         return create_runtime(config)
 
     async def start_runtime(self, ctx: RolloutContext) -> Runtime:
@@ -195,6 +199,7 @@ class AgenticWebserverBenchmark:
         self.toolchain: Toolchain | None = None
         self.cache: WarmCache | None = None
         self.runtime_name = "bwrap"
+        self.runtime_config: RuntimeConfig | None = None
         self.sandbox_root = Path("sandboxes")
         self.transcripts = Path("transcripts")
         self._handle: PluginHandle | None = None
@@ -235,14 +240,21 @@ class AgenticWebserverBenchmark:
         return self.values
 
     async def load(self, handle: PluginHandle) -> None:
-        from metrale.runtime.configs import check_runtime, runtime_config
+        from metrale.runtime.configs import check_runtime, parse_runtime_config, runtime_config
 
         self._handle = handle
         handle.on_status("load")
         self.toolchain = await asyncio.to_thread(find_toolchain)
         if handle.runtime is not None and handle.runtime.type in RUNTIMES:
             self.runtime_name = handle.runtime.type
-        await asyncio.to_thread(check_runtime, runtime_config(self.runtime_name))
+            self.runtime_config = parse_runtime_config(handle.runtime.model_dump())
+        else:
+            if handle.runtime is not None:
+                needs = " or ".join(RUNTIMES)
+                self._log(f"runtime {handle.runtime.type} cannot host this benchmark (it needs "
+                          f"{needs}); using {self.runtime_name}", "warn")  # fmt: skip
+            self.runtime_config = runtime_config(self.runtime_name)
+        await asyncio.to_thread(check_runtime, self.runtime_config)
         handle.on_status("warm")
         self.cache, warm_s, built = await warm(self.toolchain)
         self._log(
