@@ -146,3 +146,32 @@ def test_the_runners_runtime_wins_over_the_parameter(warm_cargo: WarmCache, tmp_
     record = json.loads((tmp_path / "run/rollouts.jsonl").read_text())
     assert record["runtime"] == "subprocess" and outcome.result.metrics["sum_turns"] == 1
     assert any("in the subprocess runtime" in line.message for line in outcome.result.logs)
+
+
+def test_a_crate_the_cache_lacks_is_a_clear_build_error(
+    warm_cargo: WarmCache, tmp_path: Path
+) -> None:
+    """Offline, a dependency the warm step did not fetch fails fast with cargo's own words."""
+    manifest = (
+        '[package]\nname = "pingpong"\nversion = "0.1.0"\nedition = "2021"\n\n'
+        '[dependencies]\nreqwest = "0.12"\n'
+    )
+    turns = [
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "cargo init --name pingpong"}}]},
+        {"tool_calls": [{"name": "bash", "arguments": {
+            "command": f"cat > Cargo.toml <<'EOF'\n{manifest}EOF"}}]},
+        {"content": "Done."},
+    ]  # fmt: skip
+    replay = tmp_path / "reqwest.jsonl"
+    replay.write_text("".join(json.dumps(t) + "\n" for t in turns))
+    with start_sim("--replay", str(replay)) as sim:
+        done = run_cli(
+            ["run", "agentic_webserver", "--target", sim.url, "--out", str(tmp_path / "run"),
+             "--json", "--no-preflight", "--build-timeout-s", "120"],
+            timeout=300,
+        )  # fmt: skip
+    result = json.loads(done.stdout)["result"]
+    note = result["table"]["rows"][0][-1]
+    assert done.returncode == 1
+    assert "build failed" in note and "reqwest" in note, note
+    assert result["metrics"]["webserver_ok"] == 0
