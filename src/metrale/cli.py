@@ -491,6 +491,13 @@ def add_matrix_commands(sub: Any) -> None:
     mx.add_argument("--out", type=Path, metavar="DIR", help="default results/<benchmark>")
     mx.add_argument("--only", metavar="GLOBS", help="run only cells whose name matches")
     mx.add_argument("--no-preflight", action="store_true", help="skip the 2+2 sanity check")
+    mx.add_argument(
+        "--retries-runtime",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="retries of a sandbox start that failed (default 0)",
+    )
     mx.set_defaults(handler=cmd_matrix)
 
     rep = sub.add_parser("report", help="the table of a sweep, one row per cell")
@@ -552,6 +559,7 @@ def cmd_matrix(args: argparse.Namespace, extra: Sequence[str]) -> int:
                 client_options=client_options(args),
                 preflight=not args.no_preflight,
                 cells=cells,
+                runtime_retries=args.retries_runtime,
             )
 
     results = run_async(go)

@@ -44,18 +44,18 @@ def test_a_failed_cell_is_written_with_its_error_and_the_sweep_goes_on(
     assert len(lines) == 4 and "FAILED: RuntimeError: the target went away" in lines[1]
 
 
-def test_preflight_runs_once_per_tier(
+def test_preflight_runs_once_per_tier_and_runtime_retries_reach_the_runner(
     sim: Sim, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen: list[bool] = []
+    seen: list[tuple[bool, int]] = []
     real_run = runner.run
 
     async def spy(request: runner.RunRequest) -> runner.RunResult:
-        seen.append(request.preflight)
+        seen.append((request.preflight, request.runtime_retries))
         return await real_run(request)
 
     monkeypatch.setattr(runner, "run", spy)
     plan = plan_sweep(Sweep("gsm8k", tmp_path, ["none"], [1, 2], [None]))
     target = Target(base_url=sim.url, model=sim.model)
-    asyncio.run(run_sweep(plan, {"default": target}, progress=None, report=None))
-    assert seen == [True, False]
+    asyncio.run(run_sweep(plan, {"default": target}, progress=None, report=None, runtime_retries=2))
+    assert seen == [(True, 2), (False, 2)]

@@ -17,8 +17,8 @@ from metrale.rollout import SUMMARY_STAGES
 from metrale.stats import Spread
 from tests.conftest import Sim, run_cli, start_sim
 
-#: Two runtimes the sweep runs through (the runtime axis).
-RUNTIMES = ("none", "subprocess")
+#: Two real runtimes the sweep runs through: gsm8k grades inside each rollout's sandbox.
+RUNTIMES = ("subprocess", "bwrap")
 ROLLOUTS = (3, 5)
 CAPS = ("none", "2")
 CELLS = sorted(
@@ -56,7 +56,7 @@ def test_sweep_writes_one_file_per_cell_with_the_fields(sweep) -> None:  # type:
             assert data["max_concurrent"] == int(cap[0][1:])
         else:
             assert "max_concurrent" not in data
-        assert (data["runtime_config"] is None) == (runtime == "none")
+        assert data["runtime_config"]["type"] == runtime
         assert data["target"] == sim.url and data["model"] == "metrale-sim"
         assert data["metrale_version"] and data["started_at"].startswith("20")
         assert data["status"] == "completed" and data["error"] is None

@@ -76,6 +76,7 @@ async def run_sweep(
     progress: TextIO | None = sys.stderr,
     report: TextIO | None = sys.stdout,
     cells: Sequence[Cell] | None = None,
+    runtime_retries: int = 0,
 ) -> list[CellResult]:
     """Run `cells` (default: all of the plan) and write one file each; return their summaries.
 
@@ -98,6 +99,7 @@ async def run_sweep(
             target=target,
             client_options=options,
             runtime=plan.runtimes[cell.runtime],
+            runtime_retries=runtime_retries,
             out=plan.sweep.out / "runs" / cell.name,
             preflight=preflight and cell.tier.name not in checked,
             progress=progress,
