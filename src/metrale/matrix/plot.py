@@ -70,7 +70,7 @@ def build_figure(cells: Sequence[CellResult]) -> Figure:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     runtimes = list(dict.fromkeys(c.runtime for c in sorted(cells, key=CellResult.sort_key)))
     ordered = sorted(cells, key=lambda c: (runtimes.index(c.runtime), c.sort_key()))
@@ -104,8 +104,11 @@ def build_figure(cells: Sequence[CellResult]) -> Figure:
         if lows and highs and max(highs) / min(lows) > LOG_SPAN:
             ax.set_yscale("log")
             ax.set_ylim(bottom=min(lows) / 2)
+            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_minor_formatter(NullFormatter())
         ax.yaxis.set_major_formatter(FuncFormatter(seconds_text))
-        ax.set_title(PANEL_TITLES[stage], fontsize=12, fontweight="bold")
+        log = " (log scale)" if ax.get_yscale() == "log" else ""
+        ax.set_title(PANEL_TITLES[stage] + log, fontsize=12, fontweight="bold")
         ax.set_ylabel("duration: p50, whisker p10–p90", fontsize=9)
         ax.set_xticks(xs, [bar_label(c) for c in ordered], fontsize=8)
         ax.grid(axis="y", which="major", alpha=0.3)
