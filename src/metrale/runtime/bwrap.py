@@ -24,7 +24,7 @@ from pathlib import Path
 from metrale.errors import UsageError
 from metrale.runtime.base import ProgramResult, RuntimeBase, RuntimeStartError, Throttle
 from metrale.runtime.configs import BwrapConfig
-from metrale.runtime.procs import killpg, run_process
+from metrale.runtime.procs import PidsCgroup, killpg, run_process
 
 #: The uid and gid commands run as inside the sandbox (mapped to the invoking host user).
 SANDBOX_UID = 1000
@@ -97,6 +97,7 @@ class BwrapRuntime(RuntimeBase):
         #: one set per command in flight, holding its process group id while it runs
         self._running: list[set[int]] = []
         self._stopped = False
+        self._cgroup: PidsCgroup | None = None
 
     def bwrap_argv(self, workdir: Path, status_fd: int) -> list[str]:
         cfg = self.config
@@ -110,6 +111,9 @@ class BwrapRuntime(RuntimeBase):
         argv += ["--bind", str(workdir), cfg.workdir]
         for bind in cfg.binds:
             argv += ["--bind" if bind.writable else "--ro-bind", bind.src, bind.dst or bind.src]
+        # the sandbox's own root (a tmpfs holding the mount points) is read-only too: only the
+        # workdir, /tmp and writable binds take writes
+        argv += ["--remount-ro", "/"]
         argv += ["--chdir", cfg.workdir, "--clearenv", "--setenv", "PATH", SANDBOX_PATH]
         # bwrap reports the pid before it writes the uid map: "ready" on stdout, from inside,
         # is the signal that commands can enter
@@ -125,9 +129,14 @@ class BwrapRuntime(RuntimeBase):
         except OSError as exc:
             raise RuntimeStartError(f"cannot create a workdir: {exc}") from exc
         read_fd, write_fd = os.pipe()
+        argv = self.bwrap_argv(self.workdir, write_fd)
+        if self.config.limits.max_procs is not None:
+            self._cgroup = PidsCgroup.create(self.workdir.name, self.config.limits.max_procs)
+            if self._cgroup is not None:
+                argv = self._cgroup.wrap(argv)
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                *self.bwrap_argv(self.workdir, write_fd),
+                *argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -177,7 +186,9 @@ class BwrapRuntime(RuntimeBase):
         if cwd:
             argv = ["sh", "-c", 'cd -- "$0" && exec "$@"', cwd, *argv]
         uid = str(SANDBOX_UID)
+        enter = self._cgroup.wrap([]) if self._cgroup is not None else []
         return [
+            *enter,
             *self.config.limits.prlimit_argv(),
             "nsenter", "-t", str(self.sandbox_pid), "--all", "-r", "-w",
             "-S", uid, "-G", uid, "--", *argv,
@@ -289,5 +300,7 @@ class BwrapRuntime(RuntimeBase):
                 transport = getattr(self._proc, "_transport", None)
                 if transport is not None:
                     transport.close()
+        if self._cgroup is not None:
+            await asyncio.to_thread(self._cgroup.remove)
         if self.workdir is not None:
             await asyncio.to_thread(shutil.rmtree, self.workdir, True)

@@ -259,3 +259,74 @@ class RateLimiter:
             self._next = max(now, self._next) + self.interval
         if wait > 0:
             await asyncio.sleep(wait)
+
+
+def _own_cgroup(controller: str) -> Path | None:
+    """Where this process sits in the hierarchy that has `controller` (v1), or in the
+    unified hierarchy (v2) when `controller` is delegated there; None otherwise."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            base = Path("/sys/fs/cgroup") / controller
+            return base / path.lstrip("/")
+    for line in lines:
+        hier, controllers, path = line.split(":", 2)
+        if hier == "0" and controllers == "":
+            here = Path("/sys/fs/cgroup") / path.lstrip("/")
+            try:
+                enabled = (here / "cgroup.subtree_control").read_text().split()
+            except OSError:
+                return None
+            return here if controller in enabled else None
+    return None
+
+
+class PidsCgroup:
+    """A `pids` cgroup holding one sandbox, so its process limit counts only its own processes
+    whoever they run as (RLIMIT_NPROC counts per host user and exempts root). Created only where
+    the host lets us; `create()` returns None elsewhere and the caller relies on RLIMIT_NPROC."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def create(cls, name: str, max_pids: int) -> PidsCgroup | None:
+        parent = _own_cgroup("pids")
+        if parent is None or not os.access(parent, os.W_OK):
+            return None
+        path = parent / name
+        try:
+            path.mkdir()
+        except OSError:
+            return None
+        try:
+            (path / "pids.max").write_text(str(max_pids))
+        except OSError:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+            return None
+        return cls(path)
+
+    def wrap(self, argv: Sequence[str]) -> list[str]:
+        """`argv`, moved into this cgroup before it starts (so all its children are in it)."""
+        procs = str(self.path / "cgroup.procs")
+        return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', procs, *argv]
+
+    def remove(self) -> None:
+        """Blocking: waits briefly for killed processes to leave, then removes the cgroup."""
+        for _ in range(200):
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                with contextlib.suppress(OSError):
+                    for pid in (self.path / "cgroup.procs").read_text().split():
+                        with contextlib.suppress(OSError):
+                            os.kill(int(pid), signal.SIGKILL)
+                time.sleep(0.01)

@@ -1,0 +1,57 @@
+"""Runtime test helpers: a unique marker per test and a check that no process carrying it
+survives the test (scanning /proc cmdlines, no psutil)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+HAVE_BWRAP = shutil.which("bwrap") is not None and shutil.which("nsenter") is not None
+
+
+def processes_with(marker: str) -> list[tuple[int, str]]:
+    """(pid, cmdline) of every live, non-zombie process whose command line holds `marker`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/cmdline").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state in ("Z", "X"):
+            continue
+        text = raw.replace(b"\0", b" ").decode(errors="replace")
+        if marker in text:
+            found.append((int(entry), text))
+    return found
+
+
+def wait_gone(marker: str, within_s: float = 5.0) -> list[tuple[int, str]]:
+    deadline = time.monotonic() + within_s
+    while True:
+        left = processes_with(marker)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def marker() -> Iterator[str]:
+    """A number unique to this test, to put in commands (`sleep 1000.123456`); after the
+    test, no process whose command line holds it may be left on the host."""
+    token = f"1000.{uuid.uuid4().int % 10**9:09d}"
+    yield token
+    left = wait_gone(token)
+    for pid, _ in left:  # do not leak into the next test, but still fail this one
+        with contextlib.suppress(OSError):
+            os.kill(pid, 9)
+    assert not left, f"processes left behind: {left}"

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import asyncio
+import time
+
+from metrale.runtime.procs import CappedBuffer, Limits, RateLimiter, scrub_env
+
+
+def test_capped_buffer_keeps_head_and_tail_and_counts_the_rest() -> None:
+    buf = CappedBuffer(10)
+    for chunk in (b"abc", b"defgh", b"x" * 100, b"12345"):
+        buf.add(chunk)
+    assert buf.total == 113
+    assert bytes(buf.head) == b"abcde"
+    assert buf.dropped == 103
+    text = buf.text()
+    assert text.startswith("abcde") and text.endswith("12345")
+    assert "103 bytes dropped" in text
+
+
+def test_capped_buffer_under_cap_is_verbatim() -> None:
+    buf = CappedBuffer(100)
+    buf.add(b"hello ")
+    buf.add(b"world")
+    assert buf.text() == "hello world" and buf.dropped == 0
+
+
+def test_scrub_env_drops_secret_names() -> None:
+    env = {
+        "PATH": "/bin",
+        "OPENAI_API_KEY": "s",
+        "GITHUB_TOKEN": "s",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "DB_PASSWORD": "s",
+        "HF_TOKEN": "s",
+        "LANG": "C",
+    }
+    assert scrub_env(env) == {"PATH": "/bin", "LANG": "C"}
+
+
+def test_limits_prlimit_argv() -> None:
+    unlimited = Limits(cpu_s=None, memory_mb=None, max_procs=None, file_size_mb=None)
+    assert unlimited.prlimit_argv() == []
+    argv = Limits(cpu_s=5, memory_mb=1, max_procs=7, file_size_mb=None).prlimit_argv()
+    assert argv == ["prlimit", "--cpu=5", f"--as={1 << 20}", "--nproc=7", "--"]
+
+
+def test_rate_limiter_spaces_acquisitions() -> None:
+    async def main() -> float:
+        limiter = RateLimiter(50.0)
+        started = time.perf_counter()
+        await asyncio.gather(*(limiter.acquire() for _ in range(6)))
+        return time.perf_counter() - started
+
+    assert asyncio.run(main()) >= 5 / 50 - 0.01
