@@ -167,3 +167,16 @@ def test_interrupt_keeps_every_finished_rollout(sim_factory, tmp_path: Path) -> 
     assert all(json.loads(line)["error"] is None for line in lines)
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["result"]["status"] == "failed" and result["result"]["error"] == "interrupted"
+
+
+def test_a_closed_pipe_is_not_a_traceback() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "metrale", "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.read(10)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=30)
+    proc.stderr.close()
+    assert "Traceback" not in err and proc.returncode in (0, 141)

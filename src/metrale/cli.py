@@ -704,3 +704,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("metrale: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `metrale report DIR | head`: the reader left; say nothing more, as `cat` would.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
