@@ -1,0 +1,98 @@
+"""Setup cost per runtime under concurrency: p50/p90 of `start()` with N sandboxes in flight.
+
+Each of `--rollouts` rollouts does what a gsm8k rollout does with `--runtime`: start a sandbox
+(timed: this is the setup stage), write a file, run one command, stop. At most `--concurrent`
+are in flight, all released together, so at 512 the starts contend for the machine's CPUs the
+way a 512-rollout run's do. Percentiles are over the per-rollout setup durations.
+
+    python benchmarks/runtime_setup.py --runtime subprocess,bwrap --concurrent 64,512
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import time
+
+from metrale.runtime import check_runtime, runtime_config, runtime_factory
+from metrale.stats import percentile
+
+
+async def one_cell(name: str, rollouts: int, concurrent: int) -> dict[str, object]:
+    config = runtime_config(name)
+    check_runtime(config)
+    make = runtime_factory(config)
+    gate = asyncio.Semaphore(concurrent)
+    setups: list[float] = []
+    errors = 0
+
+    async def rollout(i: int) -> None:
+        nonlocal errors
+        async with gate:
+            runtime = make()
+            started = time.perf_counter()
+            try:
+                await runtime.start()
+                setups.append(time.perf_counter() - started)
+                await runtime.write("task.txt", str(i))
+                result = await runtime.run("cat task.txt", timeout=60)
+                if result.stdout != str(i):
+                    errors += 1
+            except Exception:
+                errors += 1
+            finally:
+                await runtime.stop()
+
+    began = time.perf_counter()
+    await asyncio.gather(*(rollout(i) for i in range(rollouts)))
+    setups.sort()
+    return {
+        "runtime": name,
+        "rollouts": rollouts,
+        "concurrent": concurrent,
+        "setup_p50_ms": round(1000 * (percentile(setups, 50) or float("nan")), 2),
+        "setup_p90_ms": round(1000 * (percentile(setups, 90) or float("nan")), 2),
+        "errors": errors,
+        "e2e_s": round(time.perf_counter() - began, 2),
+    }
+
+
+def machine() -> str:
+    model = "?"
+    with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+        for line in cpuinfo:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} cores, {mem:.0f} GiB, Linux {platform.release()}, {model}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runtime", default="subprocess,bwrap")
+    parser.add_argument("--concurrent", default="64,512")
+    parser.add_argument("--rollouts", type=int, default=None, help="default: 2 x concurrent")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rows = []
+    for name in args.runtime.split(","):
+        for concurrent in (int(c) for c in args.concurrent.split(",")):
+            rollouts = args.rollouts or 2 * concurrent
+            rows.append(asyncio.run(one_cell(name, rollouts, concurrent)))
+            if not args.json:
+                r = rows[-1]
+                print(f"{r['runtime']:<11} concurrent {r['concurrent']:>4}  rollouts "
+                      f"{r['rollouts']:>5}  setup p50 {r['setup_p50_ms']:>8.2f} ms  "
+                      f"p90 {r['setup_p90_ms']:>8.2f} ms  errors {r['errors']}  "
+                      f"e2e {r['e2e_s']} s", flush=True)  # fmt: skip
+    print(f"machine: {machine()}")
+    if args.json:
+        print(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
