@@ -79,6 +79,8 @@ class StreamClient:
             record.error = f"connection: {type(exc).__name__}: {exc}"
         except _StreamError as exc:
             record.error = str(exc)
+        except Exception as exc:  # any other surprise is one failed request, not a failed run
+            record.error = f"client: {type(exc).__name__}: {exc}"
         record.end_s = clock() - t0
 
 
