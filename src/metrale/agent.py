@@ -28,7 +28,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -70,7 +70,14 @@ _CALL_MARKUP = re.compile(
 class Chat(Protocol):
     """What the loop needs of a model: `ChatClient.chat` satisfies it."""
 
-    async def chat(self, messages: Any, **kw: Any) -> CallRecord: ...
+    async def chat(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> CallRecord: ...
 
 
 class AgentConfig(BaseModel):

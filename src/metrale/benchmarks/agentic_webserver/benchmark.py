@@ -145,10 +145,10 @@ class _Iteration:
         agent: Agent = ctx.state["agent"]
         if ctx.runtime is not None:
             await ctx.runtime.stop()  # nothing the agent left running may answer for it
-        await self.start_runtime(ctx)
+        runtime = await self.start_runtime(ctx)
         port = free_port()
         result = await score(
-            ctx.runtime,
+            runtime,
             workdir=f"{self.inside}/work",
             env=self.env(port),
             port=port,
