@@ -265,11 +265,15 @@ class AgenticWebserverBenchmark:
         self.sandbox_root = run_dir / "sandboxes"
         self.transcripts = run_dir / "transcripts"
         self.transcripts.mkdir(parents=True, exist_ok=True)
-        where = "bwrap sandbox, network off" if self.runtime_name == "bwrap" else "subprocess"
+        where = (
+            "bwrap sandbox (network off)"
+            if self.runtime_name == "bwrap"
+            else "subprocess runtime (no isolation)"
+        )
         self._log(
-            f"agentic_webserver executes model-authored shell commands in the {where} "
-            f"runtime; sandboxes: {self.sandbox_root}/<i> (kept as evidence, each wiped when "
-            "its index runs again)"
+            f"agentic_webserver executes model-authored shell commands in the {where}; "
+            f"sandboxes: {self.sandbox_root}/<i> (kept as evidence, each wiped when its index "
+            "runs again)"
         )
         options = handle.client_options.model_copy(
             update={"request_timeout_s": self.values["request_timeout_s"]}
