@@ -54,7 +54,7 @@ def guidellm_run(exe: str, url: str, prompts: Path, args: argparse.Namespace, ou
     backend = {
         "kind": "openai_http", "target": url.removesuffix("/v1"), "model": args.model,
         "request_format": "/v1/completions",
-        # metrale sends ignore_eos (llama-cpp-python honours it): the same body for both.
+        # metrale sends ignore_eos (where a server honours it): the same body for both.
         "extras": {"body": {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}},
         # llama-cpp-python has no /health, which guidellm's validation GETs.
         "validate_backend": False,
@@ -106,7 +106,11 @@ def main() -> None:
     prompts = work / "prompts.jsonl"
     with prompts.open("w") as f:
         for p in gsm8k_questions()[: args.requests]:
-            f.write(json.dumps({"prompt": p.messages[0]["content"]}) + "\n")
+            # "Answer:" invites a continuation: a bare question sometimes gets EOS as its first
+            # token (llama-cpp-python does not honour ignore_eos), which guidellm counts as an
+            # error and metrale as a `no_output` error, and the two would measure different sets.
+            text = f"Question: {p.messages[0]['content']}\nAnswer:"
+            f.write(json.dumps({"prompt": text}) + "\n")
     runs: dict[str, list[dict]] = {"metrale": [], "guidellm": []}
 
     async def serve_both() -> None:

@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-LADDER = [25, 50, 100, 200, 400, 600, 800, 1000, 1300, 1600, 2000, 2500, 3000]
+LADDER = [5, 10, 25, 50, 100, 200, 400, 600, 800, 1000, 1300, 1600, 2000, 2500, 3000, 4000]
 LAG_P99_MS = 5.0
 
 
@@ -62,7 +62,11 @@ def run_metrale(url: str, rate: float, duration: float, prompts: Path, out: Path
         "--duration-s", str(duration), "--prompts", str(prompts), "--max-tokens", "16",
         "--out", str(out),
     ]  # fmt: skip
-    subprocess.run(cmd, capture_output=True, text=True, timeout=duration * 10 + 60, check=False)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=duration * 10 + 60, check=False
+    )
+    if not (out / "result.json").is_file():
+        raise RuntimeError(f"metrale failed: {proc.stderr.strip()[-300:]}")
     m = json.loads((out / "result.json").read_text())["result"]["metrics"]
     return {
         "lag_p50_ms": m.get("sched_lag_ms_p50"),
