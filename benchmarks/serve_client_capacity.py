@@ -4,7 +4,9 @@ Both clients, side by side in one run, against the same `metrale sim` (no TTFT, 
 delay, 16 output tokens, usage on), the same JSONL prompts, constant arrivals. A rate is
 *sustained* when the client's scheduling lag (actual send − intended send) has p99 under 5 ms,
 the achieved request rate is within 5% of the offered one, and no request failed. Each client
-climbs the same ladder of rates and stops at its first unsustained rate.
+climbs the same ladder of rates while it keeps up (achieved >= 95% of offered, no errors), so
+the table shows its lag at every rate it can drive; the figures are the highest sustained rate
+and the highest rate kept up.
 
 - metrale: `metrale run serve --load rate --arrivals constant`; lag from `sched_lag_ms_p99`.
 - guidellm: `guidellm run --profile kind=constant`; lag per request from its own timings,
@@ -109,13 +111,12 @@ def run_guidellm(
     }
 
 
+def keeps_up(row: dict, rate: float) -> bool:
+    return row["achieved"] >= 0.95 * rate and not row["errors"]
+
+
 def sustained(row: dict, rate: float) -> bool:
-    return (
-        row["lag_p99_ms"] is not None
-        and row["lag_p99_ms"] < LAG_P99_MS
-        and row["achieved"] >= 0.95 * rate
-        and not row["errors"]
-    )
+    return keeps_up(row, rate) and row["lag_p99_ms"] is not None and row["lag_p99_ms"] < LAG_P99_MS
 
 
 def main() -> None:
@@ -131,6 +132,7 @@ def main() -> None:
         for i in range(int(max(rates) * args.duration * 1.5) + 100):
             f.write(json.dumps({"prompt": f"{i} write one short sentence about the sea"}) + "\n")
     best: dict[str, float] = {"metrale": 0.0, "guidellm": 0.0}
+    kept: dict[str, float] = {"metrale": 0.0, "guidellm": 0.0}
     alive = {"metrale": True, "guidellm": Path(args.guidellm).exists()}
     if not alive["guidellm"]:
         print(f"guidellm not found at {args.guidellm}", file=sys.stderr)
@@ -166,15 +168,18 @@ def main() -> None:
                 )
                 if ok:
                     best[client] = rate
+                if keeps_up(row, rate):
+                    kept[client] = rate
                 else:
                     alive[client] = False
                 time.sleep(0.5)
             if not any(alive.values()):
                 break
     print()
-    ratio = best["metrale"] / best["guidellm"] if best["guidellm"] else float("inf")
-    print(f"highest sustained rate: metrale {best['metrale']:g} req/s, guidellm "
-          f"{best['guidellm']:g} req/s, ratio {ratio:.1f}x")  # fmt: skip
+    for name, got in (("sustained (lag p99 < 5 ms)", best), ("kept up (>= 95% achieved)", kept)):
+        ratio = got["metrale"] / got["guidellm"] if got["guidellm"] else float("inf")
+        print(f"highest rate {name}: metrale {got['metrale']:g} req/s, guidellm "
+              f"{got['guidellm']:g} req/s, ratio {ratio:.1f}x")  # fmt: skip
     shutil.rmtree(work, ignore_errors=True)
 
 
