@@ -6,10 +6,13 @@ message is sent; limits end the loop through small exceptions. One turn = one ch
 
 - The model gets one tool, `bash(command)`, through OpenAI tool calling. Where the reply has no
   tool calls, fenced ```bash blocks in its content are run instead, in order.
-- Every command runs in the `Runtime` (never here) with `command_timeout_s`; its output is capped
-  with head and tail kept. A command that outlives its timeout is killed by the runtime; a
-  runtime that does not return within timeout + `RUN_GRACE_S` is abandoned, so nothing the agent
-  starts (a foreground server, a background job holding a pipe) can block the loop.
+- Every command runs in the `Runtime` (never here) as `bash -c` with `command_timeout_s`. Its
+  stdout and stderr go to a file in the sandbox's /tmp, collected by a second short command with
+  head and tail kept past `output_cap_chars`: a job it leaves in the background (`cargo run &`,
+  redirected or not) holds that file, never the runtime's pipes, so `run()` returns when the
+  shell exits. A command that outlives its timeout is killed by the runtime; a runtime that does
+  not return within timeout + `RUN_GRACE_S` is abandoned. Nothing the agent starts can block
+  the loop.
 - The loop stops when a reply calls no tool and has no bash block (`Submitted`), or when
   `max_turns` replies have been taken (`LimitsExceeded`; `hit_turn_cap`).
 
@@ -28,6 +31,7 @@ import asyncio
 import json
 import re
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +44,14 @@ from metrale.runtime.base import ProgramResult, Runtime
 
 #: Seconds past a command's timeout after which the loop stops waiting for the runtime.
 RUN_GRACE_S = 10.0
+#: Prints a command's output file (head and tail when over the cap, in bytes) and removes it.
+_COLLECT = (
+    'f=$1; cap=$2; size=$(stat -c %s "$f" 2>/dev/null || echo 0)\n'
+    'if [ "$size" -le "$cap" ]; then cat "$f" 2>/dev/null\n'
+    'else half=$((cap / 2)); head -c "$half" "$f"\n'
+    '  printf "\\n[... %s bytes elided ...]\\n" "$((size - 2 * half))"; tail -c "$half" "$f"; fi\n'
+    'rm -f "$f"'
+)
 
 BASH_TOOL: dict[str, Any] = {
     "type": "function",
@@ -179,17 +191,14 @@ def parse_actions(call: CallRecord, turn: int) -> list[Action]:
     return []
 
 
-def _observation(result: ProgramResult, timeout_s: float, cap: int) -> str:
+def _observation(result: ProgramResult, timeout_s: float, output: str) -> str:
     parts = [f"exit_code: {result.exit_code}"]
     if result.timed_out:
         parts.append(
             f"[the command timed out after {timeout_s:g} s and was killed; start long-lived "
             "processes detached with their output redirected to a file]"
         )
-    out = result.stdout
-    if result.stderr:
-        out = (out + "\n" if out else "") + result.stderr
-    parts.append(cap_output(out, cap) if out else "(no output)")
+    parts.append(output or "(no output)")
     return "\n".join(parts)
 
 
@@ -216,6 +225,8 @@ class Agent:
         self.transcript = transcript
         self.messages: list[dict[str, Any]] = []
         self.stats = AgentStats()
+        self._token = uuid.uuid4().hex[:12]
+        self._outputs = 0
         if transcript is not None:
             transcript.parent.mkdir(parents=True, exist_ok=True)
             transcript.write_text("")
@@ -323,19 +334,36 @@ class Agent:
                 })  # fmt: skip
 
     async def execute(self, action: Action, turn: int) -> None:
+        """Run one command with its output going to a file in the sandbox, not to the runtime's
+        pipes, so a job it leaves in the background cannot hold `run()` open; then collect
+        that file (capped, head and tail) with a second, short command."""
         timeout = self.config.command_timeout_s
         started = time.perf_counter()
+        self._outputs += 1
+        out_file = f"/tmp/metrale-agent-{self._token}-{self._outputs}.out"
+        script = f"exec >{out_file} 2>&1 </dev/null\n{action.command}"
         try:
             result = await asyncio.wait_for(
-                self.runtime.run(
-                    ["bash", "-c", action.command], env=self.env, cwd=self.cwd, timeout=timeout
-                ),
+                self.runtime.run(["bash", "-c", script], env=self.env, cwd=self.cwd,
+                                 timeout=timeout),
                 timeout + RUN_GRACE_S,
-            )
+            )  # fmt: skip
         except TimeoutError:
             result = ProgramResult(exit_code=-9, stdout="", stderr="", timed_out=True)
         result.duration_s = result.duration_s or time.perf_counter() - started
-        output = _observation(result, timeout, self.config.output_cap_chars)
+        cap = str(self.config.output_cap_chars)
+        try:
+            collected = await asyncio.wait_for(
+                self.runtime.run(["bash", "-c", _COLLECT, "collect", out_file, cap],
+                                 env=self.env, cwd=self.cwd, timeout=30),
+                30 + RUN_GRACE_S,
+            )  # fmt: skip
+            captured = collected.stdout
+        except TimeoutError:
+            captured = "[the output could not be collected]"
+        # anything on the pipes came before the redirect (e.g. the runtime's own errors)
+        early = cap_output(result.stdout + result.stderr, self.config.output_cap_chars)
+        output = _observation(result, timeout, early + captured)
         record = CommandRecord(
             turn=turn,
             source=action.source,
