@@ -137,8 +137,7 @@ class _Iteration:
             transcript=bench.transcripts / f"{self.index}.jsonl",
         )
         ctx.state["agent"] = agent
-        stats = await agent.run(task_prompt())
-        ctx.state["agent_wall_s"] = stats.wall_s
+        await agent.run(task_prompt())
 
     async def score(self, ctx: RolloutContext) -> None:
         v = self.bench.values
@@ -156,8 +155,6 @@ class _Iteration:
             serve_timeout_s=v["serve_timeout_s"],
         )
         directions = check_directions(agent.stats.commands)
-        ctx.state["score"] = result
-        ctx.state["directions"] = directions
         ctx.record.reward = 1.0 if result.webserver_ok and all(directions.values()) else 0.0
         ctx.record.metrics.update(
             webserver_ok=result.webserver_ok,
