@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 import os
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -233,3 +235,19 @@ def test_start_failures_are_retried_and_counted() -> None:
         assert record.runtime_retries == 2
         assert record.error is not None and record.error.type == "runtime_start"
         assert record.error.stage == "setup"
+
+
+def test_a_killed_metrale_leaves_no_sandbox(marker: str) -> None:
+    script = (
+        "import asyncio, os, signal\n"
+        "from metrale.runtime import create_runtime, runtime_config\n"
+        "async def main():\n"
+        "    rt = create_runtime(runtime_config('bwrap'))\n"
+        "    await rt.start()\n"
+        f"    await rt.run('sleep {marker} &')\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "asyncio.run(main())\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], timeout=60, check=False)
+    assert proc.returncode == -9
+    # the `marker` fixture then checks that the sandbox and its sleep died with it

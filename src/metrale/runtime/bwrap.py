@@ -130,6 +130,10 @@ class BwrapRuntime(RuntimeBase):
             raise RuntimeStartError(f"cannot create a workdir: {exc}") from exc
         read_fd, write_fd = os.pipe()
         argv = self.bwrap_argv(self.workdir, write_fd)
+        if shutil.which("setpriv"):
+            # --die-with-parent ties the sandbox to bwrap; this ties bwrap to us, so a metrale
+            # killed with SIGKILL leaves no sandbox running either
+            argv = ["setpriv", "--pdeathsig", "KILL", "--", *argv]
         if self.config.limits.max_procs is not None:
             self._cgroup = PidsCgroup.create(self.workdir.name, self.config.limits.max_procs)
             if self._cgroup is not None:
