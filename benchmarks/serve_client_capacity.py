@@ -133,6 +133,7 @@ def main() -> None:
             f.write(json.dumps({"prompt": f"{i} write one short sentence about the sea"}) + "\n")
     best: dict[str, float] = {"metrale": 0.0, "guidellm": 0.0}
     kept: dict[str, float] = {"metrale": 0.0, "guidellm": 0.0}
+    broken = {"metrale": False, "guidellm": False}  # a rung missed: no higher rate counts
     alive = {"metrale": True, "guidellm": Path(args.guidellm).exists()}
     if not alive["guidellm"]:
         print(f"guidellm not found at {args.guidellm}", file=sys.stderr)
@@ -166,8 +167,9 @@ def main() -> None:
                     f"{row['lag_p99_ms']:.2f} | {row['errors']} | {'yes' if ok else 'no'} |",
                     flush=True,
                 )
-                if ok:
+                if ok and not broken[client]:
                     best[client] = rate
+                broken[client] = broken[client] or not ok
                 if keeps_up(row, rate):
                     kept[client] = rate
                 else:
@@ -176,7 +178,10 @@ def main() -> None:
             if not any(alive.values()):
                 break
     print()
-    for name, got in (("sustained (lag p99 < 5 ms)", best), ("kept up (>= 95% achieved)", kept)):
+    for name, got in (
+        ("sustained (lag p99 < 5 ms at it and every rate below)", best),
+        ("kept up (>= 95% achieved)", kept),
+    ):
         ratio = got["metrale"] / got["guidellm"] if got["guidellm"] else float("inf")
         print(f"highest rate {name}: metrale {got['metrale']:g} req/s, guidellm "
               f"{got['guidellm']:g} req/s, ratio {ratio:.1f}x")  # fmt: skip
