@@ -5,7 +5,7 @@ Each of `--rollouts` rollouts does what a gsm8k rollout does with `--runtime`: s
 are in flight, all released together, so at 512 the starts contend for the machine's CPUs the
 way a 512-rollout run's do. Percentiles are over the per-rollout setup durations.
 
-    python benchmarks/runtime_setup.py --runtime subprocess,bwrap --concurrent 64,512
+    python benchmarks/runtime_setup.py --runtime subprocess,bwrap --concurrent 1,64,512
 """
 
 from __future__ import annotations
@@ -75,13 +75,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runtime", default="subprocess,bwrap")
     parser.add_argument("--concurrent", default="64,512")
-    parser.add_argument("--rollouts", type=int, default=None, help="default: 2 x concurrent")
+    parser.add_argument("--rollouts", type=int, default=None, help="default: max(64, 2 x concurrent)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rows = []
     for name in args.runtime.split(","):
         for concurrent in (int(c) for c in args.concurrent.split(",")):
-            rollouts = args.rollouts or 2 * concurrent
+            rollouts = args.rollouts or max(64, 2 * concurrent)
             rows.append(asyncio.run(one_cell(name, rollouts, concurrent)))
             if not args.json:
                 r = rows[-1]

@@ -197,7 +197,8 @@ class Gsm8kBenchmark:
 
     async def load(self, handle: PluginHandle) -> None:
         if handle.runtime is not None:
-            check_runtime(handle.runtime)  # no sandbox here at all: a usage error, before work
+            # no sandbox here at all: a usage error, before work (probing may block: a thread)
+            await asyncio.to_thread(check_runtime, handle.runtime)
         self._handle = handle
         self._problems = load_problems()
         order = list(range(len(self._problems)))
