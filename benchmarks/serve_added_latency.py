@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
-CONCURRENCY = 100
+CONCURRENCY = 100  # --concurrency changes it
 TTFT_S = 0.05
 
 
@@ -98,10 +98,13 @@ async def raw_ttft(url: str, requests: int) -> dict:
 
 
 def main() -> None:
+    global CONCURRENCY
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--concurrency", type=int, default=CONCURRENCY)
     args = ap.parse_args()
+    CONCURRENCY = args.concurrency
     work = Path(tempfile.mkdtemp(prefix="serve-latency-"))
     rows: dict[str, list[dict]] = {"metrale": [], "raw socket": []}
     with sim("--ttft", str(TTFT_S)) as url:
