@@ -183,6 +183,9 @@ def build_parser() -> _Parser:
 
     run = sub.add_parser(
         "run",
+        # Benchmark parameters arrive as unknown flags: no abbreviation may swallow one
+        # (serve's --api would otherwise be taken for --api-key).
+        allow_abbrev=False,
         help="run one benchmark against a target",
         description="Run a benchmark. Benchmark parameters are flags too: "
         "--rollouts 8, or -p rollouts=8 (see 'metrale list').",

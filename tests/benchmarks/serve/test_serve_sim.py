@@ -114,3 +114,16 @@ def test_jsonl_prompts_file(sim_factory, tmp_path: Path) -> None:
     bad.write_text('{"text": 1}\n')
     proc = run_cli(["run", "serve", "--target", s.url, "--prompts", str(bad)])
     assert proc.returncode == 2 and "line 1" in proc.stderr
+
+
+def test_api_flag_reaches_the_benchmark_not_api_key(sim_factory, tmp_path: Path) -> None:
+    # argparse would take --api for an abbreviation of --api-key; the run parser allows none.
+    s = sim_factory()
+    flags = ["--api", "completions", "--requests", "2", "--max-error-rate", "none"]
+    proc = run_cli(
+        ["run", "serve", "--target", s.url, "--no-preflight", "--out", str(tmp_path), *flags]
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "run.json").read_text())["params"]["api"] == "completions"
+    rows = requests(tmp_path)
+    assert all(r["error"].startswith("http_404") for r in rows)  # the sim serves chat only
