@@ -1,12 +1,18 @@
 """The bwrap runtime: one bubblewrap sandbox per rollout, alive from `start()` to `stop()`.
 
-`start()` launches `bwrap ... sleep infinity` in new user, mount, PID, IPC, UTS, cgroup and
-network namespaces (loopback only unless `network`), system directories and a few `/etc` files
-bound read-only, the rollout's workdir writable at `/work`, a private `/tmp`, `--die-with-parent`
-and `--new-session`; it returns when bwrap reports the sandbox ready (`--json-status-fd`). Each
-`run()` enters those namespaces with `nsenter` as an unprivileged uid, under `prlimit` limits,
-so a server started by one command is reachable on loopback by the next. `stop()` kills bwrap:
-the sandbox's PID 1 dies with it and the kernel kills everything left in its PID namespace.
+`start()` launches `bwrap ... cat` in new user, mount, PID, IPC, UTS, cgroup and network
+namespaces (loopback only unless `network`), system directories and a few `/etc` files bound
+read-only, the sandbox's root read-only, the rollout's workdir writable at `/work`, a private
+`/tmp`, `--die-with-parent` and `--new-session`, under `setpriv --pdeathsig KILL` so bwrap dies
+with metrale. It returns when `cat` inside echoes the line fed to it: bwrap's `--json-status-fd`
+gives the pid before the uid map is written, so only an answer from inside means ready.
+
+Each `run()` enters those namespaces with `nsenter` as uid 1000 of the sandbox's user namespace
+(mapped to the invoking host user, no capabilities), under `prlimit` limits, so a server started
+by one command is reachable on loopback by the next. The process limit is a `pids` cgroup per
+sandbox where the host lets us create one (RLIMIT_NPROC exempts a root-mapped uid). `stop()`
+kills bwrap: the sandbox's PID 1 dies with it and the kernel kills everything left in its PID
+namespace.
 """
 
 from __future__ import annotations
@@ -38,7 +44,9 @@ ETC_FILES = (
 )  # fmt: skip
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 READY_TIMEOUT_S = 60.0
-READY_SCRIPT = "echo ready; exec sleep infinity"
+#: The sandbox's command: `cat` echoes the "ready" line we feed it once the sandbox runs, then
+#: blocks on its stdin, which we hold open until `stop()` (or until metrale dies).
+READY_COMMAND = ("cat",)
 
 
 def check_bwrap(config: BwrapConfig | None = None) -> None:
@@ -115,9 +123,9 @@ class BwrapRuntime(RuntimeBase):
         # workdir, /tmp and writable binds take writes
         argv += ["--remount-ro", "/"]
         argv += ["--chdir", cfg.workdir, "--clearenv", "--setenv", "PATH", SANDBOX_PATH]
-        # bwrap reports the pid before it writes the uid map: "ready" on stdout, from inside,
-        # is the signal that commands can enter
-        argv += ["--json-status-fd", str(status_fd), "--", "sh", "-c", READY_SCRIPT]
+        # bwrap reports the pid before it writes the uid map: "ready" echoed from inside is
+        # the signal that commands can enter
+        argv += ["--json-status-fd", str(status_fd), "--", *READY_COMMAND]
         return argv
 
     async def start(self) -> None:
@@ -141,7 +149,7 @@ class BwrapRuntime(RuntimeBase):
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *argv,
-                stdin=asyncio.subprocess.DEVNULL,
+                stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 pass_fds=(write_fd,),
@@ -152,6 +160,8 @@ class BwrapRuntime(RuntimeBase):
             raise RuntimeStartError(f"cannot run bwrap: {exc}") from exc
         finally:
             os.close(write_fd)
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(b"ready\n")
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader()
         transport, _ = await loop.connect_read_pipe(
