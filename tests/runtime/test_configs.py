@@ -54,3 +54,22 @@ def test_create_runtime_picks_the_class() -> None:
     rt = create_runtime(SubprocessConfig())
     assert type(rt).__name__ == "SubprocessRuntime"
     assert type(create_runtime(BwrapConfig())).__name__ == "BwrapRuntime"
+
+
+def test_runtime_factory_shares_one_start_rate_across_runtimes() -> None:
+    import asyncio
+    import time
+
+    from metrale.runtime import runtime_factory
+
+    make = runtime_factory(runtime_config("subprocess", start_rate=40.0))
+
+    async def main() -> float:
+        runtimes = [make() for _ in range(5)]
+        started = time.perf_counter()
+        await asyncio.gather(*(rt.start() for rt in runtimes))
+        elapsed = time.perf_counter() - started
+        await asyncio.gather(*(rt.stop() for rt in runtimes))
+        return elapsed
+
+    assert asyncio.run(main()) >= 4 / 40 - 0.01
