@@ -74,8 +74,8 @@ def machine() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runtime", default="subprocess,bwrap")
-    parser.add_argument("--concurrent", default="64,512")
-    parser.add_argument("--rollouts", type=int, default=None, help="default: max(64, 2 x concurrent)")
+    parser.add_argument("--concurrent", default="1,64,512")
+    parser.add_argument("--rollouts", type=int, help="default: max(64, 2 x concurrent)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rows = []
