@@ -58,7 +58,7 @@ def test_good_trajectory_builds_a_real_server(warm_cargo: WarmCache, tmp_path: P
 
 
 def test_foreground_server_times_out_and_is_noted(warm_cargo: WarmCache, tmp_path: Path) -> None:
-    code, outcome, _ = run_replay("foreground_hang", tmp_path / "run", "--command-timeout-s", "15")
+    code, outcome, _ = run_replay("foreground_hang", tmp_path / "run", "--command-timeout-s", "6")
     result = outcome["result"]
     m = result["metrics"]
     assert code == 1
@@ -67,7 +67,7 @@ def test_foreground_server_times_out_and_is_noted(warm_cargo: WarmCache, tmp_pat
     # the code itself is right: the scorer's build and curl succeed
     assert m["webserver_ok"] == 1 and m["followed_directions"] == 0
     transcript = (tmp_path / "run/transcripts/0.jsonl").read_text()
-    assert "timed out after 15 s" in transcript
+    assert "timed out after 6 s" in transcript
     assert "FAIL failed_iterations" in " ".join(_verdict_lines(result))
 
 
