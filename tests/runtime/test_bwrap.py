@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -245,9 +247,23 @@ def test_a_killed_metrale_leaves_no_sandbox(marker: str) -> None:
         "    rt = create_runtime(runtime_config('bwrap'))\n"
         "    await rt.start()\n"
         f"    await rt.run('sleep {marker} &')\n"
+        "    cgroup = rt._cgroup.path if rt._cgroup else ''\n"
+        "    print(rt.workdir, cgroup, flush=True)\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
         "asyncio.run(main())\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script], timeout=60, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], timeout=60, check=False, capture_output=True, text=True
+    )
     assert proc.returncode == -9
-    # the `marker` fixture then checks that the sandbox and its sleep died with it
+    # the `marker` fixture checks that the sandbox and its sleep died with it; what a SIGKILL
+    # cannot clean up (the workdir, an emptied cgroup) this test removes itself
+    workdir, _, cgroup = proc.stdout.strip().partition(" ")
+    shutil.rmtree(workdir, ignore_errors=True)
+    if cgroup:
+        for _ in range(100):
+            try:
+                os.rmdir(cgroup)
+                break
+            except OSError:
+                time.sleep(0.05)
