@@ -100,7 +100,7 @@ async def _read_events(resp: aiohttp.ClientResponse, record: RequestRecord, send
     finish: str | None = None
     done = False
     pending = b""
-    now = 0.0
+    now = last_event = 0.0
     async for piece in resp.content.iter_any():
         now = clock() - send
         pending += piece
@@ -111,6 +111,7 @@ async def _read_events(resp: aiohttp.ClientResponse, record: RequestRecord, send
         for line in lines:
             if not line.startswith(b"data:"):
                 continue
+            last_event = now
             data = line[5:].strip()
             if data == b"[DONE]":
                 done = True
@@ -149,7 +150,9 @@ async def _read_events(resp: aiohttp.ClientResponse, record: RequestRecord, send
                 usage = chunk_usage
     if not done and finish is None:
         raise _StreamError("incomplete: stream ended before [DONE] or a finish_reason")
-    record.e2e_s = now
+    # The last event, not the connection's end: some servers (sse-starlette) finish their
+    # generator, and only then close the body, well after [DONE].
+    record.e2e_s = last_event
     record.chunk_times_s = times
     record.ttft_s = times[0] if times else None
     record.ttfc_s = ttfc

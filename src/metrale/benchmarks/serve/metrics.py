@@ -13,7 +13,8 @@ The definitions, for one request (send = the moment the request is handed to the
   that could go. It measures the client, not the server; metrale keeps it well under 1 ms.
 - **TTFT** = first chunk − send (reasoning counts); **TTFC** = first content chunk − send
   (reasoning excluded), reported apart.
-- **E2E** = end of stream − send.
+- **E2E** = last event of the stream (`[DONE]` where the server sends it) − send; bytes that
+  close the connection after it do not count.
 - **TPOT** = (E2E − TTFT) / (output tokens − 1), for requests with at least 2 output tokens.
 - **ITL** = the gaps between consecutive chunks, each divided by the tokens its later chunk
   carries and counted once per token, pooled over requests: a 4-token chunk 40 ms after the
