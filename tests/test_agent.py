@@ -188,3 +188,17 @@ def test_background_process_never_blocks(runtime_name: str) -> None:
     assert fourth.output.startswith("exit_code: 3\n1\n2\n") and fourth.output.endswith("oops\n")
     assert not list(Path("/tmp").glob("metrale-agent-*.out"))  # collected files are removed
     assert stats.exit_status == "submitted"
+
+
+def test_an_endpoint_error_ends_the_run_as_data_and_is_not_a_turn() -> None:
+    from metrale.endpoint.client import EndpointError
+
+    class Failing(Script):
+        async def chat(self, messages: Any, **kw: Any) -> CallRecord:
+            if self.requests:
+                raise EndpointError("timeout", "no complete response within 1 s")
+            return await super().chat(messages, **kw)
+
+    stats = run(Agent(Failing(reply("", [bash("ls")])), FakeRuntime(), AgentConfig()))  # type: ignore[arg-type]
+    assert stats.turns == 1 and stats.tool_calls == 1
+    assert stats.exit_status == "endpoint_error" and stats.error and "timeout" in stats.error

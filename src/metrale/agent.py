@@ -286,13 +286,13 @@ class Agent:
     async def query(self) -> CallRecord:
         sendable = [{k: v for k, v in m.items() if k != "extra"} for m in self.messages]
         sendable = [m for m in sendable if m["role"] != "exit"]
-        self.stats.turns += 1
         call = await self.model.chat(
             sendable,
             max_tokens=self.config.max_tokens,
             temperature=self.config.temperature,
             tools=[BASH_TOOL],
         )
+        self.stats.turns += 1
         self.stats.completion_tokens += call.completion_tokens or 0
         if call.finish_reason == "length":
             self.stats.truncated_turns += 1
