@@ -194,10 +194,7 @@ def parse_actions(call: CallRecord, turn: int) -> list[Action]:
 def _observation(result: ProgramResult, timeout_s: float, output: str) -> str:
     parts = [f"exit_code: {result.exit_code}"]
     if result.timed_out:
-        parts.append(
-            f"[the command timed out after {timeout_s:g} s and was killed; start long-lived "
-            "processes detached with their output redirected to a file]"
-        )
+        parts.append(f"[the command timed out after {timeout_s:g} s and was killed]")
     parts.append(output or "(no output)")
     return "\n".join(parts)
 
