@@ -358,8 +358,7 @@ class AgenticWebserverBenchmark:
         self._rows.append(row)
         self._log(
             f"run {record.index}: {'webserver_ok' if ok else 'FAILED'} · {row['steps']}/6 steps"
-            f" · {wall:.1f} s · {row['turns']} turns" + (f" · {note}" if note else ""),
-            "info" if not row["failed"] else "warn",
+            f" · {wall:.1f} s · {row['turns']} turns" + (f" · {note}" if note else "")
         )
         if task is not None:
             self._drop_target_copy(task)
