@@ -425,6 +425,11 @@ class ServeBenchmark:
             if short:
                 self._log("warn", "outputs shorter than max_tokens despite ignore_eos at: "
                           + ", ".join(short) + " (the server may not honour it)")  # fmt: skip
+        for lv in levels:
+            lag = lv.metrics.get("sched_lag_ms_p99", lv.metrics.get("sched_lag_ms_max"))
+            if lag is not None and lag > 5.0:
+                self._log("warn", f"{lv.label}: client scheduling lag p99 {lag:.1f} ms > 5 ms; "
+                          "the client, not the server, may be limiting this level")  # fmt: skip
         if not self.slos and len(levels) > 1:
             self._log("info", "no --slo given: goodput equals throughput, the knee is saturation")
 
