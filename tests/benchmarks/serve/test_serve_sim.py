@@ -76,9 +76,13 @@ def test_sweep_finds_the_knee_of_a_known_capacity(sim_factory, tmp_path: Path) -
     # asyncio sleeps overshoot by up to 1 ms each: ~0.11 s a request, ~36 req/s.
     assert m["saturation_throughput"] == pytest.approx(40, rel=0.2)
     assert m["l1.goodput"] < 5  # 16 queued on 4 slots: e2e ~0.4 s misses the SLO
-    # Rates 17.5, 25 and 32.5/s fit the capacity: the knee is the highest of them.
+    # Rates between ~10 and ~36/s fit the capacity: the knee is the highest of them, or the
+    # next one down when a loaded machine slows the simulator's clock (never saturation).
     levels = json.loads((tmp_path / "levels.json").read_text())
-    assert levels["knee"] == 4, [lv["metrics"]["goodput"] for lv in levels["levels"]]
+    goodputs = [lv["metrics"]["goodput"] for lv in levels["levels"]]
+    assert levels["knee"] in (3, 4), goodputs
+    assert levels["levels"][levels["knee"]]["rate"] < 40
+    assert goodputs[levels["knee"]] > 20
     assert len(result["table"]["rows"]) == 5
     plot = run_cli(["plot", str(tmp_path), "-o", str(tmp_path / "curve.png")], timeout=120)
     assert plot.returncode == 0, plot.stderr
