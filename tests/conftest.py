@@ -78,3 +78,13 @@ def run_cli(
         timeout=timeout,
         **kw,  # type: ignore[arg-type]
     )
+
+
+def default_sigint() -> None:
+    """preexec_fn: give the child the default SIGINT even when this process ignores it.
+
+    A job started in the background by a non-interactive shell (as CI may start us) inherits
+    SIGINT ignored, and Python then installs no KeyboardInterrupt handler in its children;
+    tests that press Ctrl-C on metrale must undo that.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import default_sigint, run_cli
 
 
 def read_records(run_dir: Path) -> list[dict]:
@@ -150,7 +150,7 @@ def test_interrupt_keeps_every_finished_rollout(sim_factory, tmp_path: Path) -> 
     proc = subprocess.Popen(
         [sys.executable, "-m", "metrale", "run", "gsm8k", "--target", s.url, "--rollouts", "5000",
          "--max-concurrent", "2", "--out", str(tmp_path), "--no-preflight"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,
     )  # fmt: skip
     records = tmp_path / "rollouts.jsonl"
     deadline = time.monotonic() + 30

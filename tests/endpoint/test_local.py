@@ -14,7 +14,7 @@ import pytest
 
 from metrale.endpoint import local
 from metrale.errors import UsageError
-from tests.conftest import run_cli
+from tests.conftest import default_sigint, run_cli
 
 pytestmark = pytest.mark.skipif(
     local.importlib.util.find_spec("llama_cpp") is None, reason="the 'local' extra is not installed"
@@ -79,7 +79,7 @@ def test_no_orphan_server_when_metrale_is_stopped(tmp_path: Path, how: signal.Si
     proc = subprocess.Popen(
         [sys.executable, "-m", "metrale", "run", "gsm8k", "--rollouts", "200",
          "--max-tokens", "64", "--max-concurrent", "1", "--out", str(tmp_path), "--no-preflight"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,
     )  # fmt: skip
     try:
         records = tmp_path / "rollouts.jsonl"
