@@ -7,6 +7,7 @@ imported only when a runtime of their kind is created, so `ray` stays an optiona
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
@@ -219,6 +220,18 @@ def runtime_factory(config: RuntimeConfig) -> Callable[[], Runtime]:
     return lambda: create_runtime(config, throttle=throttle)
 
 
+def _check_ray_address(address: str) -> None:
+    """A HOST:PORT that does not accept a connection is a usage error now: `ray.init` would
+    retry it for minutes."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return  # auto, local, ray://...: ray itself fails fast or starts one
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        raise UsageError(f"ray runtime: nothing answers at {address} ({exc})") from None
+
+
 def check_runtime(config: RuntimeConfig) -> None:
     """Fail fast, before any rollout, when this machine cannot provide the runtime at all
     (bwrap missing or user namespaces off, no docker engine, ray not installed): UsageError."""
@@ -229,6 +242,7 @@ def check_runtime(config: RuntimeConfig) -> None:
             raise UsageError(
                 "the ray runtime needs the ray extra: pip install 'metrale[ray]'"
             ) from None
+        _check_ray_address(config.address)
         check_runtime(config.inner)
     elif isinstance(config, BwrapConfig):
         from metrale.runtime.bwrap import check_bwrap
