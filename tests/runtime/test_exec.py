@@ -40,6 +40,7 @@ def test_exec_times_out_with_124(name: str, marker: str) -> None:
         (["exec", "--runtime", "subprocess", "--image", "x", "--", "true"], "do not apply"),
         (["exec", "--runtime", "bwrap", "--ro-bind", "/nonexistent", "--", "true"], "bind source"),
         (["run", "gsm8k", "--image", "x", "--target", "http://127.0.0.1:9"], "need --runtime"),
+        (["exec", "--runtime", "ray", "--ray-address", "127.0.0.1:1", "--", "true"], "ray"),
     ],
 )
 def test_bad_runtime_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
