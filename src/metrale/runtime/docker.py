@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from metrale.errors import UsageError
 from metrale.runtime.base import ProgramResult, RuntimeBase, RuntimeStartError, Throttle
 from metrale.runtime.configs import DockerConfig
-from metrale.runtime.procs import run_process, scrub_env
+from metrale.runtime.procs import run_process
 
 LABEL = "metrale.sandbox"
 #: Seconds past a command's timeout before its `docker exec` client is killed as well.
@@ -52,7 +52,7 @@ class DockerRuntime(RuntimeBase):
     ) -> ProgramResult:
         return await run_process(
             argv,
-            env=scrub_env(os.environ),
+            env=os.environ,  # the host's CLI (registry auth); the container gets only -e
             cwd=None,
             timeout=timeout,
             cap=self.config.output_cap_bytes,
@@ -135,7 +135,7 @@ async def cleanup_containers(cli: str = "docker") -> list[str]:
     """Remove every container labelled by metrale (left by a killed run); returns their ids."""
     listing = await run_process(
         [cli, "ps", "-aq", "--filter", f"label={LABEL}"],
-        env=scrub_env(os.environ),
+        env=os.environ,
         cwd=None,
         timeout=120,
         cap=1 << 20,
@@ -146,6 +146,6 @@ async def cleanup_containers(cli: str = "docker") -> list[str]:
     ids = listing.stdout.split()
     if ids:
         await run_process(
-            [cli, "rm", "-f", *ids], env=scrub_env(os.environ), cwd=None, timeout=300, cap=1 << 20
+            [cli, "rm", "-f", *ids], env=os.environ, cwd=None, timeout=300, cap=1 << 20
         )
     return ids
