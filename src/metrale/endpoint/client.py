@@ -23,9 +23,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import aiohttp
 import orjson
 from pydantic import BaseModel, Field
+
+from metrale.endpoint.http import ConnectionPool, HttpConnectionError, Response
 
 
 class Target(BaseModel):
@@ -100,37 +101,27 @@ class _Retryable(Exception):
 
 
 class ChatClient:
-    """One pooled HTTP session to a target. Use as an async context manager."""
+    """One pool of keep-alive connections to a target. Use as an async context manager."""
 
     def __init__(self, target: Target, options: ClientOptions | None = None) -> None:
         self.target = target
         self.options = options or ClientOptions()
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: ConnectionPool | None = None
         self._rng = random.Random()
 
     async def __aenter__(self) -> ChatClient:
         headers = {"Content-Type": "application/json"}
         if self.target.api_key:
             headers["Authorization"] = f"Bearer {self.target.api_key}"
-        # limit=0: the benchmark's own concurrency bound is the only bound; a pool limit here
-        # would add hidden queueing to every measured latency.
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-        # No cookie jar and no User-Agent: per-response cookie parsing and a default header are
-        # measurable CPU at a thousand concurrent calls, and no OpenAI-compatible API uses them.
-        self._session = aiohttp.ClientSession(
-            headers=headers,
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(total=None),
-            cookie_jar=aiohttp.DummyCookieJar(),
-            skip_auto_headers=("User-Agent",),
-        )
-        self._timeout = aiohttp.ClientTimeout(total=self.options.request_timeout_s)
+        # Unbounded pool: the benchmark's own concurrency bound is the only bound; a pool limit
+        # here would add hidden queueing to every measured latency.
+        self._pool = ConnectionPool(self.target.base_url, headers)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
 
     async def chat(
         self,
@@ -186,21 +177,22 @@ class ChatClient:
         return self._rng.uniform(0, cap)
 
     async def _attempt(self, payload: bytes, fields: dict[str, Any], record_chunks: bool) -> None:
-        if self._session is None:
+        if self._pool is None:
             raise RuntimeError("ChatClient used outside 'async with'")
-        url = self.target.base_url + "/chat/completions"
         send = time.perf_counter()
+        resp: Response | None = None
         try:
-            async with self._session.post(url, data=payload, timeout=self._timeout) as resp:
+            async with asyncio.timeout(self.options.request_timeout_s):
+                resp = await self._pool.post("/chat/completions", payload)
                 fields["status"] = resp.status
                 if resp.status == 429 or resp.status >= 500:
-                    text = (await resp.text())[:200]
-                    retry_after = _retry_after(resp.headers.get("Retry-After"))
+                    text = (await resp.read())[:200].decode(errors="replace")
+                    retry_after = _retry_after(resp.headers.get("retry-after"))
                     raise _Retryable(
                         f"http_{resp.status}", f"HTTP {resp.status}: {text}", retry_after
                     )
                 if resp.status >= 400:
-                    text = (await resp.text())[:300]
+                    text = (await resp.read())[:300].decode(errors="replace")
                     raise EndpointError(f"http_{resp.status}", f"HTTP {resp.status}: {text}")
                 if self.options.stream and resp.content_type == "text/event-stream":
                     await _read_stream(resp, fields, send, record_chunks)
@@ -215,8 +207,11 @@ class ChatClient:
             raise EndpointError(
                 "timeout", f"no complete response within {self.options.request_timeout_s:g} s"
             ) from None
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-            raise _Retryable("connection", f"{type(exc).__name__}: {exc}") from None
+        except HttpConnectionError as exc:
+            raise _Retryable("connection", str(exc)) from None
+        finally:
+            if resp is not None:
+                resp.release()
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -227,7 +222,7 @@ def _retry_after(value: str | None) -> float | None:
 
 
 async def _read_stream(
-    resp: aiohttp.ClientResponse, fields: dict[str, Any], send: float, record_chunks: bool
+    resp: Response, fields: dict[str, Any], send: float, record_chunks: bool
 ) -> None:
     """Parse an SSE stream as bytes arrive: events split on blank lines, one timestamp per read.
 
@@ -237,7 +232,7 @@ async def _read_stream(
     """
     state = _StreamState(record_chunks)
     buf = b""
-    async for data in resp.content.iter_any():
+    async for data in resp.iter_chunks():
         now = time.perf_counter() - send
         buf += data
         if b"\r" in buf:

@@ -1,0 +1,218 @@
+"""The lean HTTP/1.1 client against hand-written servers: every framing, reuse, stale sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import subprocess
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from metrale.endpoint.http import ConnectionPool, HttpConnectionError
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    return head, await reader.readexactly(length)
+
+
+async def serve(handler: Handler, *, ssl_ctx: ssl.SSLContext | None = None):
+    connections = []
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        try:
+            await handler(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0, ssl=ssl_ctx)
+    return server, server.sockets[0].getsockname()[1], connections
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_content_length_body_and_keep_alive_reuse() -> None:
+    async def handler(reader, writer):
+        while True:
+            head, body = await read_request(reader)
+            assert head.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+            assert b"Authorization: Bearer k" in head
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+
+    async def go():
+        server, port, conns = await serve(handler)
+        pool = ConnectionPool(f"http://127.0.0.1:{port}/v1", {"Authorization": "Bearer k"})
+        try:
+            for i in range(3):
+                resp = await pool.post("/chat/completions", b"hello %d" % i)
+                assert resp.status == 200 and await resp.read() == b"hello %d" % i
+                resp.release()
+            assert len(conns) == 1  # one connection, kept alive and reused
+        finally:
+            await pool.close()
+            server.close()
+
+    run(go())
+
+
+def test_chunked_body_arrives_in_pieces_without_framing() -> None:
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n"
+                     b"Content-Type: text/event-stream; charset=utf-8\r\n\r\n")  # fmt: skip
+        for piece in (b"data: 1\n\n", b"data: [DONE]\n\n"):
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async def go():
+        server, port, _ = await serve(handler)
+        pool = ConnectionPool(f"http://127.0.0.1:{port}")
+        try:
+            resp = await pool.post("/x", b"{}")
+            assert resp.content_type == "text/event-stream"
+            pieces = [p async for p in resp.iter_chunks()]
+            assert pieces == [b"data: 1\n\n", b"data: [DONE]\n\n"]
+            resp.release()
+            assert len(pool._idle) == 1
+        finally:
+            await pool.close()
+            server.close()
+
+    run(go())
+
+
+def test_body_until_close_is_not_reused() -> None:
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.0 200 OK\r\n\r\nall of it")
+        await writer.drain()
+
+    async def go():
+        server, port, _ = await serve(handler)
+        pool = ConnectionPool(f"http://127.0.0.1:{port}")
+        try:
+            resp = await pool.post("/x", b"")
+            assert await resp.read() == b"all of it"
+            resp.release()
+            assert pool._idle == []
+        finally:
+            await pool.close()
+            server.close()
+
+    run(go())
+
+
+def test_a_stale_keep_alive_connection_is_replaced() -> None:
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        # ...then the server drops the idle connection, as servers do after a keep-alive timeout.
+
+    async def go():
+        server, port, conns = await serve(handler)
+        pool = ConnectionPool(f"http://127.0.0.1:{port}")
+        try:
+            for _ in range(2):
+                resp = await pool.post("/x", b"")
+                assert await resp.read() == b"ok"
+                resp.release()
+                await asyncio.sleep(0.05)
+            assert len(conns) == 2
+        finally:
+            await pool.close()
+            server.close()
+
+    run(go())
+
+
+def test_a_connection_cut_mid_body_is_a_connection_error() -> None:
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
+        await writer.drain()
+
+    async def go():
+        server, port, _ = await serve(handler)
+        pool = ConnectionPool(f"http://127.0.0.1:{port}")
+        try:
+            resp = await pool.post("/x", b"")
+            with pytest.raises(HttpConnectionError, match="closed mid-body"):
+                await resp.read()
+            resp.release()
+            assert pool._idle == []
+        finally:
+            await pool.close()
+            server.close()
+
+    run(go())
+
+
+def test_refused_and_garbage_responses() -> None:
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"SSH-2.0-OpenSSH\r\n")
+        await writer.drain()
+
+    async def go():
+        server, port, _ = await serve(handler)
+        try:
+            with pytest.raises(HttpConnectionError, match="not an HTTP response"):
+                await ConnectionPool(f"http://127.0.0.1:{port}").post("/x", b"")
+        finally:
+            server.close()
+        with pytest.raises(HttpConnectionError, match="cannot connect"):
+            await ConnectionPool(f"http://127.0.0.1:{port}").post("/x", b"")
+
+    run(go())
+
+
+@pytest.mark.skipif(subprocess.run(["which", "openssl"], capture_output=True).returncode != 0,
+                    reason="openssl is not installed")  # fmt: skip
+def test_https(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecret")
+        await writer.drain()
+
+    async def go():
+        server, port, _ = await serve(handler, ssl_ctx=server_ctx)
+        pool = ConnectionPool(f"https://localhost:{port}/v1")
+        try:
+            resp = await pool.post("/x", b"")
+            assert await resp.read() == b"secret"
+            resp.release()
+        finally:
+            await pool.close()
+            server.close()
+
+    run(go())
