@@ -178,9 +178,9 @@ class SimServer:
             "total_tokens": prompt_tokens + len(tokens),
         }
         created = int(time.time())
-        if self.config.ttft_s > 0:
-            await asyncio.sleep(max(0.0, arrived + self.config.ttft_s - time.monotonic()))
         if not body.get("stream"):
+            if self.config.ttft_s > 0:
+                await _sleep_until(arrived + self.config.ttft_s)
             out = {
                 "id": "chatcmpl-sim",
                 "object": "chat.completion",
@@ -199,6 +199,8 @@ class SimServer:
             if self.config.itl_s > 0 and len(tokens) > 1:
                 await asyncio.sleep(self.config.itl_s * (len(tokens) - 1))
             return web.json_response(out)
+        # Headers and frames are ready before the wait, as a real server sends its headers when
+        # it accepts a request: after the wait only the first token's write remains.
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         want_usage = self.config.usage and (body.get("stream_options") or {}).get("include_usage")
@@ -207,6 +209,8 @@ class SimServer:
         if want_usage:
             frames.append(_usage_frame(created, self.config.model, usage))
         frames.append(b"data: [DONE]\n\n")
+        if self.config.ttft_s > 0:
+            await _sleep_until(arrived + self.config.ttft_s)
         if fault == "drop":
             await resp.write(b"".join(frames[: max(1, len(tokens) // 2)]))
             if request.transport is not None:
@@ -217,14 +221,30 @@ class SimServer:
         if self.config.itl_s <= 0 and not self.config.token_budget:
             await resp.write(b"".join(frames))
         else:
+            last = time.monotonic()
             for i, frame in enumerate(frames):
                 if 0 < i < len(tokens) and self.config.itl_s > 0:
-                    await asyncio.sleep(self.config.itl_s)
+                    await _sleep_until(last + self.config.itl_s)
+                    last = time.monotonic()
                 if i < len(tokens):
                     await self._spend_token()
                 await resp.write(frame)
         await resp.write_eof()
         return resp
+
+
+async def _sleep_until(deadline: float) -> None:
+    """Wake at `deadline` (monotonic) within ~0.1 ms rather than asyncio's ~0.3–1 ms.
+
+    The event loop waits in epoll, whose timeout is whole milliseconds rounded up, so a plain
+    `asyncio.sleep` wakes late by up to 1 ms: a bias in every TTFT that the simulator promises.
+    Sleep to 1.5 ms short of the deadline, then yield to the loop until it passes.
+    """
+    remaining = deadline - time.monotonic()
+    if remaining > 0.0015:
+        await asyncio.sleep(remaining - 0.0015)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0)
 
 
 def _count_prompt(messages: object) -> int:
