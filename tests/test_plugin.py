@@ -99,3 +99,33 @@ def test_builtins_register_through_entry_points() -> None:
         assert required in names
     with pytest.raises(UsageError, match="unknown benchmark 'nope'; available: .*gsm8k"):
         get_benchmark("nope")
+
+
+def test_background_run_polls_and_cancels() -> None:
+    import asyncio
+
+    from metrale.plugin import BackgroundRun
+
+    async def go() -> None:
+        work = BackgroundRun()
+        assert not work.started_yet and work.elapsed_s == 0.0
+        work.start(asyncio.sleep(0.05, result="done"))
+        assert not await work.wait(0)
+        assert await work.wait(5)
+        assert work.result() == "done" and work.elapsed_s > 0
+
+        failing = BackgroundRun()
+
+        async def boom() -> None:
+            raise ValueError("boom")
+
+        failing.start(boom())
+        with pytest.raises(ValueError, match="boom"):
+            await failing.wait(5)
+
+        endless = BackgroundRun()
+        endless.start(asyncio.sleep(3600))
+        await endless.cancel()
+        assert endless._task is not None and endless._task.cancelled()
+
+    asyncio.run(go())

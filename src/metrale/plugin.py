@@ -9,9 +9,10 @@ budgets file the user names.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from importlib.metadata import entry_points
@@ -324,6 +325,53 @@ class PluginHandle:
     on_status: Callable[[str], None] = lambda phase: None
     on_progress: Callable[[int, int | None], None] = lambda done, total: None
     cancelled: Callable[[], bool] = lambda: False
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class BackgroundRun:
+    """A benchmark's main coroutine, run once in the background while `next()` polls it.
+
+    The shape every long benchmark shares: the first `next()` starts the work, each call waits
+    at most a moment for it so that the runner can draw progress, and `cleanup()` cancels
+    whatever still runs.
+    """
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[Any] | None = None
+        self.started = 0.0
+
+    @property
+    def started_yet(self) -> bool:
+        return self._task is not None
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.started if self.started else 0.0
+
+    def start(self, work: Coroutine[Any, Any, Any]) -> None:
+        self.started = time.perf_counter()
+        self._task = asyncio.create_task(work)
+
+    async def wait(self, timeout_s: float) -> bool:
+        """True once the work has finished; its exception, if any, is raised here."""
+        if self._task is None:
+            raise RuntimeError("BackgroundRun.wait() before start()")
+        done, _ = await asyncio.wait({self._task}, timeout=timeout_s)
+        if done:
+            self._task.result()
+        return bool(done)
+
+    def result(self) -> Any:
+        if self._task is None:
+            raise RuntimeError("BackgroundRun.result() before start()")
+        return self._task.result()
+
+    async def cancel(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
 
 
 # --------------------------------------------------------------------------- the protocol

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import time
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -40,6 +39,7 @@ from metrale.benchmarks.agentic_webserver.warm import (
 from metrale.endpoint.client import ChatClient
 from metrale.endpoint.local import free_port
 from metrale.plugin import (
+    BackgroundRun,
     BenchmarkResult,
     Check,
     Descriptor,
@@ -201,8 +201,7 @@ class AgenticWebserverBenchmark:
         self.transcripts = Path("transcripts")
         self._handle: PluginHandle | None = None
         self._progress = Progress()
-        self._task: asyncio.Task[list[RolloutRecord]] | None = None
-        self._started = 0.0
+        self._work = BackgroundRun()
         self._logs: list[LogLine] = []
         self._rows: list[dict[str, Any]] = []
         self._tasks: dict[int, _Iteration] = {}
@@ -368,20 +367,17 @@ class AgenticWebserverBenchmark:
         shutil.rmtree(task.sandbox / "target", ignore_errors=True)
 
     async def next(self) -> BenchmarkResult:
-        if self._task is None:
-            self._started = time.perf_counter()
+        if not self._work.started_yet:
             assert self._handle is not None
             self._handle.on_status("iterations")
-            self._task = asyncio.create_task(run_rollouts(self._plan(), self._progress))
-        done, _ = await asyncio.wait({self._task}, timeout=0.25)
-        if not done:
+            self._work.start(run_rollouts(self._plan(), self._progress))
+        if not await self._work.wait(0.25):
             return self._snapshot(Status.RUNNING)
-        self._task.result()
         return self._snapshot(Status.COMPLETED, final=True)
 
     def _snapshot(self, status: Status, *, final: bool = False) -> BenchmarkResult:
         total = self.values["iterations"]
-        elapsed = time.perf_counter() - self._started
+        elapsed = self._work.elapsed_s
         rows = sorted(self._rows, key=lambda r: r["index"])
         ok = sum(1 for r in rows if r["webserver_ok"])
         result = BenchmarkResult(
@@ -420,9 +416,7 @@ class AgenticWebserverBenchmark:
         return result
 
     async def cleanup(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._work.cancel()
         if self.client is not None:
             await self.client.__aexit__(None, None, None)
             self.client = None

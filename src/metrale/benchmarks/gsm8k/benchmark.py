@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -23,6 +22,7 @@ from typing import Any, ClassVar
 from metrale.benchmarks.gsm8k.answer import extract_answer, reference_answer
 from metrale.endpoint.client import CallRecord, ChatClient, EndpointError
 from metrale.plugin import (
+    BackgroundRun,
     BenchmarkResult,
     Descriptor,
     LogLine,
@@ -170,8 +170,7 @@ class Gsm8kBenchmark:
         self._handle: PluginHandle | None = None
         self._problems: list[Problem] = []
         self._progress = Progress()
-        self._task: asyncio.Task[list[RolloutRecord]] | None = None
-        self._started = 0.0
+        self._work = BackgroundRun()
         self._logs: list[LogLine] = []
         self.grader = grader_script()
 
@@ -224,23 +223,20 @@ class Gsm8kBenchmark:
         )
 
     async def next(self) -> BenchmarkResult:
-        if self._task is None:
-            self._started = time.perf_counter()
+        if not self._work.started_yet:
             assert self._handle is not None
             self._handle.on_status("rollouts")
-            self._task = asyncio.create_task(run_rollouts(self._plan(), self._progress))
-        done, _ = await asyncio.wait({self._task}, timeout=0.25)
-        if not done:
+            self._work.start(run_rollouts(self._plan(), self._progress))
+        if not await self._work.wait(0.25):
             return self._snapshot(Status.RUNNING)
-        records = self._task.result()
-        return self._snapshot(Status.COMPLETED, records)
+        return self._snapshot(Status.COMPLETED, self._work.result())
 
     def _snapshot(
         self, status: Status, records: list[RolloutRecord] | None = None
     ) -> BenchmarkResult:
         p = self._progress
         total = self.values["rollouts"]
-        elapsed = time.perf_counter() - self._started
+        elapsed = self._work.elapsed_s
         result = BenchmarkResult(
             status=status,
             phase="rollouts" if status is Status.RUNNING else "done",
@@ -285,9 +281,7 @@ class Gsm8kBenchmark:
         return result
 
     async def cleanup(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._work.cancel()
         if self.client is not None:
             await self.client.__aexit__(None, None, None)
             self.client = None

@@ -8,7 +8,6 @@ ends; `metrale plot` reads it).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import time
@@ -43,6 +42,7 @@ from metrale.benchmarks.serve.prompts import (
 )
 from metrale.errors import UsageError
 from metrale.plugin import (
+    BackgroundRun,
     BenchmarkResult,
     Descriptor,
     LogLine,
@@ -123,12 +123,11 @@ class ServeBenchmark:
         self._handle: PluginHandle | None = None
         self._client: StreamClient | None = None
         self._bodies: list[bytes] = []
-        self._task: asyncio.Task[None] | None = None
+        self._work = BackgroundRun()
         self._state: LevelState | None = None
         self._levels = ServeLevels(load="concurrency")
         self._logs: list[LogLine] = []
         self._t0 = 0.0
-        self._started = 0.0
         self._next_prompt = 0
         self._ignore_eos = False
 
@@ -340,18 +339,16 @@ class ServeBenchmark:
         return summary
 
     async def next(self) -> BenchmarkResult:
-        if self._task is None:
-            self._t0 = self._started = time.perf_counter()
-            self._task = asyncio.create_task(self._run_all())
-        done, _ = await asyncio.wait({self._task}, timeout=0.5)
-        if not done:
+        if not self._work.started_yet:
+            self._work.start(self._run_all())
+            self._t0 = self._work.started
+        if not await self._work.wait(0.5):
             return self._live()
-        self._task.result()
         return self._final()
 
     def _live(self) -> BenchmarkResult:
         state = self._state
-        elapsed = time.perf_counter() - self._started
+        elapsed = self._work.elapsed_s
         result = BenchmarkResult(phase=state.spec.label if state else "start", elapsed_s=elapsed)
         if state is None:
             return result
@@ -372,7 +369,7 @@ class ServeBenchmark:
 
     def _final(self) -> BenchmarkResult:
         levels = self._levels.levels
-        elapsed = time.perf_counter() - self._started
+        elapsed = self._work.elapsed_s
         metrics: dict[str, float | int | None] = {}
         k = self._levels.knee
         if len(levels) == 1:
@@ -437,9 +434,7 @@ class ServeBenchmark:
         self._logs.append(LogLine(level=level, message=message))  # type: ignore[arg-type]
 
     async def cleanup(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._work.cancel()
         if self._client is not None:
             await self._client.__aexit__(None, None, None)
             self._client = None
