@@ -195,9 +195,13 @@ class LiveProgress:
         self.interval_s = interval_s
         self._last_emit = 0.0
         self._last_text = ""
+        self._last_key = ""
+        self.heartbeat_s = 30.0
         self._phase = ""
 
-    def _write(self, text: str, *, force: bool = False) -> None:
+    def _write(self, text: str, *, force: bool = False, key: str | None = None) -> None:
+        """Show `text`. Off a terminal, a line is written when `key` (what the line says, less
+        any clock) changed and `interval_s` passed, or as a heartbeat every `heartbeat_s`."""
         if self.stream is None:
             return
         if self.tty:
@@ -205,11 +209,14 @@ class LiveProgress:
             self.stream.flush()
             self._last_text = text
             return
+        key = text if key is None else key
         now = time.monotonic()
-        if text != self._last_text and (force or now - self._last_emit >= self.interval_s):
+        since = now - self._last_emit
+        changed = key != self._last_key
+        if force or (changed and since >= self.interval_s) or since >= self.heartbeat_s:
             self.stream.write(text + "\n")
             self.stream.flush()
-            self._last_emit, self._last_text = now, text
+            self._last_emit, self._last_text, self._last_key = now, text, key
 
     def phase(self, name: str) -> None:
         if name != self._phase:
@@ -220,8 +227,9 @@ class LiveProgress:
         self._write(f"[{self._phase}] {done}/{total if total is not None else '?'}")
 
     def snapshot(self, result: BenchmarkResult) -> None:
-        text = f"[{result.phase}] {result.summary}  ({result.elapsed_s:.1f} s)"
-        self._write(text, force=result.status is not Status.RUNNING)
+        key = f"[{result.phase}] {result.summary}"
+        text = f"{key}  ({result.elapsed_s:.1f} s)"
+        self._write(text, force=result.status is not Status.RUNNING, key=key)
 
     def log(self, line: LogLine) -> None:
         if self.stream is None:

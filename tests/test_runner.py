@@ -1,0 +1,38 @@
+"""The runner's progress display off a terminal: lines when something changed, not per tick."""
+
+import io
+
+from metrale.plugin import BenchmarkResult, LogLine, Status
+from metrale.runner import LiveProgress
+
+
+def snap(summary: str, elapsed: float, status: Status = Status.RUNNING) -> BenchmarkResult:
+    return BenchmarkResult(status=status, phase="rollouts", summary=summary, elapsed_s=elapsed)
+
+
+def test_plain_lines_only_when_the_progress_changes() -> None:
+    out = io.StringIO()
+    display = LiveProgress(out, interval_s=0)
+    display.phase("rollouts")
+    display.snapshot(snap("2/8 rollouts", 2.0))
+    display.snapshot(snap("2/8 rollouts", 4.0))  # only the clock moved: no line
+    display.snapshot(snap("3/8 rollouts", 6.0))
+    display.log(LogLine(level="warn", message="something"))
+    display.snapshot(snap("8/8 rollouts", 8.0, Status.COMPLETED))
+    display.close()
+    assert out.getvalue().splitlines() == [
+        "[rollouts]",
+        "[rollouts] 2/8 rollouts  (2.0 s)",
+        "[rollouts] 3/8 rollouts  (6.0 s)",
+        "warning: something",
+        "[rollouts] 8/8 rollouts  (8.0 s)",
+    ]
+
+
+def test_a_heartbeat_when_nothing_changes_for_long() -> None:
+    out = io.StringIO()
+    display = LiveProgress(out, interval_s=0)
+    display.heartbeat_s = 0
+    display.snapshot(snap("1/8 rollouts", 1.0))
+    display.snapshot(snap("1/8 rollouts", 31.0))
+    assert len(out.getvalue().splitlines()) == 2
