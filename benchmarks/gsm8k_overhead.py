@@ -17,24 +17,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from _harness import machine, sim
+
 from metrale.endpoint.client import Target
 from metrale.runner import RunRequest, run
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def main() -> int:
@@ -43,14 +34,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--latency", type=float, default=1.0)
     args = ap.parse_args()
-    sim = subprocess.Popen(
-        [sys.executable, "-m", "metrale", "sim", "--port", "0", "--ttft", str(args.latency),
-         "--output-tokens", "16"],
-        stdout=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
-        assert sim.stdout is not None
-        url = sim.stdout.readline().rsplit(" ", 1)[-1].strip()
+    with sim("--ttft", str(args.latency), "--output-tokens", "16") as url:
         rows = []
         for i in range(args.repeats + 1):  # the first run warms caches and is not counted
             with tempfile.TemporaryDirectory() as tmp:
@@ -78,14 +62,9 @@ def main() -> int:
                 rows.append(row)
             print(("warm-up " if not i else f"run {i}: ") + json.dumps(row), flush=True)
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-        print(
-            f"\nmachine: {os.cpu_count()} cores, {cpu_model()}, Python {platform.python_version()}"
-        )
+        print("\n" + machine())
         print(f"rollouts={args.rollouts}, latency={args.latency} s, repeats={args.repeats}")
         print("median: " + ", ".join(f"{k}={v:.4g}" for k, v in med.items()))
-    finally:
-        sim.terminate()
-        sim.wait(timeout=10)
     return 0
 
 

@@ -22,14 +22,12 @@ import argparse
 import asyncio
 import io
 import itertools
-import os
-import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _harness import machine, sim
 
 from metrale.endpoint.client import Target
 from metrale.matrix.execute import plan_sweep, run_sweep
@@ -48,13 +46,6 @@ class StampedLines(io.StringIO):
         if text.endswith("\n"):
             self.stamps.append(time.perf_counter())
         return n
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 async def one_sweep(url: str, out: Path, runtime: str) -> tuple[list[float], float, float]:
@@ -88,13 +79,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--runtime", default="none", help="runtime axis value of every cell")
     args = ap.parse_args()
-    sim = subprocess.Popen(
-        [sys.executable, "-m", "metrale", "sim", "--port", "0"],
-        stdout=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
-        assert sim.stdout is not None
-        url = sim.stdout.readline().rsplit(" ", 1)[-1].strip()
+    with sim() as url:
         medians, sweep_level = [], []
         for i in range(args.repeats + 1):  # the first sweep warms caches and is not counted
             with tempfile.TemporaryDirectory() as tmp:
@@ -114,12 +99,7 @@ def main() -> int:
             f"median per-cell overhead: {statistics.median(medians) * 1e3:.1f} ms "
             f"(sweep-level {statistics.median(sweep_level) * 1e3:.1f} ms; goal <= 50 ms)"
         )
-        print(f"machine: {os.cpu_count()} cores, {cpu_model()}, Python {platform.python_version()}")
-    finally:
-        sim.terminate()
-        sim.wait(timeout=10)
-        if sim.stdout is not None:
-            sim.stdout.close()
+        print(machine())
     return 0
 
 

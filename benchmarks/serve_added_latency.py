@@ -14,35 +14,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from _harness import sim
+
 CONCURRENCY = 100  # --concurrency changes it
 TTFT_S = 0.05
-
-
-@contextlib.contextmanager
-def sim(*flags: str) -> Iterator[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "metrale", "sim", "--port", "0", *flags],
-        stdout=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        yield proc.stdout.readline().rsplit(" ", 1)[-1].strip()
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
 
 
 def metrale_ttft(url: str, requests: int, out: Path) -> dict:

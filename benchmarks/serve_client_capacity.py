@@ -19,35 +19,18 @@ Usage: python benchmarks/serve_client_capacity.py [--duration 3] [--guidellm PAT
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
+
+from _harness import sim
 
 LADDER = [5, 10, 25, 50, 100, 200, 400, 600, 800, 1000, 1300, 1600, 2000, 2500, 3000, 4000]
 LAG_P99_MS = 5.0
-
-
-@contextlib.contextmanager
-def sim(*flags: str) -> Iterator[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "metrale", "sim", "--port", "0", *flags],
-        stdout=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        yield line.rsplit(" ", 1)[-1].strip()
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
 
 
 def pctl(values: list[float], q: float) -> float:
