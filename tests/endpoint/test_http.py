@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import subprocess
 from collections.abc import Awaitable, Callable
@@ -40,6 +41,18 @@ async def serve(handler: Handler, *, ssl_ctx: ssl.SSLContext | None = None):
     return server, server.sockets[0].getsockname()[1], connections
 
 
+@contextlib.asynccontextmanager
+async def pool_for(handler: Handler, prefix: str = "", **kw):
+    """A server running `handler` and a pool to it; both closed on the way out."""
+    server, port, conns = await serve(handler)
+    pool = ConnectionPool(f"http://127.0.0.1:{port}{prefix}", **kw)
+    try:
+        yield pool, conns
+    finally:
+        await pool.close()
+        server.close()
+
+
 def run(coro):
     return asyncio.run(coro)
 
@@ -54,17 +67,12 @@ def test_content_length_body_and_keep_alive_reuse() -> None:
             await writer.drain()
 
     async def go():
-        server, port, conns = await serve(handler)
-        pool = ConnectionPool(f"http://127.0.0.1:{port}/v1", {"Authorization": "Bearer k"})
-        try:
+        async with pool_for(handler, "/v1", headers={"Authorization": "Bearer k"}) as (pool, conns):
             for i in range(3):
                 resp = await pool.post("/chat/completions", b"hello %d" % i)
                 assert resp.status == 200 and await resp.read() == b"hello %d" % i
                 resp.release()
             assert len(conns) == 1  # one connection, kept alive and reused
-        finally:
-            await pool.close()
-            server.close()
 
     run(go())
 
@@ -83,18 +91,13 @@ def test_chunked_body_arrives_in_pieces_without_framing() -> None:
         await reader.read()
 
     async def go():
-        server, port, _ = await serve(handler)
-        pool = ConnectionPool(f"http://127.0.0.1:{port}")
-        try:
+        async with pool_for(handler) as (pool, _):
             resp = await pool.post("/x", b"{}")
             assert resp.content_type == "text/event-stream"
             pieces = [p async for p in resp.iter_chunks()]
             assert pieces == [b"data: 1\n\n", b"data: [DONE]\n\n"]
             resp.release()
             assert len(pool._idle) == 1
-        finally:
-            await pool.close()
-            server.close()
 
     run(go())
 
@@ -106,16 +109,11 @@ def test_body_until_close_is_not_reused() -> None:
         await writer.drain()
 
     async def go():
-        server, port, _ = await serve(handler)
-        pool = ConnectionPool(f"http://127.0.0.1:{port}")
-        try:
+        async with pool_for(handler) as (pool, _):
             resp = await pool.post("/x", b"")
             assert await resp.read() == b"all of it"
             resp.release()
             assert pool._idle == []
-        finally:
-            await pool.close()
-            server.close()
 
     run(go())
 
@@ -128,18 +126,13 @@ def test_a_stale_keep_alive_connection_is_replaced() -> None:
         # ...then the server drops the idle connection, as servers do after a keep-alive timeout.
 
     async def go():
-        server, port, conns = await serve(handler)
-        pool = ConnectionPool(f"http://127.0.0.1:{port}")
-        try:
+        async with pool_for(handler) as (pool, conns):
             for _ in range(2):
                 resp = await pool.post("/x", b"")
                 assert await resp.read() == b"ok"
                 resp.release()
                 await asyncio.sleep(0.05)
             assert len(conns) == 2
-        finally:
-            await pool.close()
-            server.close()
 
     run(go())
 
@@ -151,17 +144,12 @@ def test_a_connection_cut_mid_body_is_a_connection_error() -> None:
         await writer.drain()
 
     async def go():
-        server, port, _ = await serve(handler)
-        pool = ConnectionPool(f"http://127.0.0.1:{port}")
-        try:
+        async with pool_for(handler) as (pool, _):
             resp = await pool.post("/x", b"")
             with pytest.raises(HttpConnectionError, match="closed mid-body"):
                 await resp.read()
             resp.release()
             assert pool._idle == []
-        finally:
-            await pool.close()
-            server.close()
 
     run(go())
 
