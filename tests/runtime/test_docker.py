@@ -38,7 +38,7 @@ def test_run_argv_labels_limits_and_isolates() -> None:
     assert f"{LABEL}=1" in argv and "img:1" in argv
     assert argv[argv.index("--network") + 1] == "none"
     assert argv[argv.index("--pids-limit") + 1] == "9"
-    assert "--memory" in argv and "--cpus" in argv
+    assert "--memory" in argv and "--cpus" in argv and "--init" in argv
 
 
 @needs_engine

@@ -35,7 +35,10 @@ class DockerRuntime(RuntimeBase):
 
     def run_argv(self) -> list[str]:
         cfg = self.config
-        argv = [cfg.cli, "run", "-d", "--rm", "--name", self.name, "--label", f"{LABEL}=1"]
+        # --init: a tiny PID 1 that reaps the orphans a command's background jobs leave (sleep
+        # as PID 1 would let them pile up as zombies for the sandbox's whole life)
+        argv = [cfg.cli, "run", "-d", "--rm", "--init", "--name", self.name]
+        argv += ["--label", f"{LABEL}=1"]
         argv += ["--label", f"{LABEL}.pid={os.getpid()}", "--network", cfg.network]
         if cfg.cpus is not None:
             argv += ["--cpus", str(cfg.cpus)]
