@@ -135,3 +135,17 @@ def test_done_without_finish_reason_is_an_incomplete_stream() -> None:
     with pytest.raises(EndpointError) as info:
         state.finish({})
     assert info.value.kind == "incomplete_stream"
+
+
+def test_streamed_calls_reuse_one_keep_alive_connection(sim) -> None:
+    async def go():
+        async with ChatClient(Target(base_url=sim.url, model="metrale-sim")) as client:
+            first = await client.chat(MESSAGES)
+            assert client._pool is not None and len(client._pool._idle) == 1
+            conn = client._pool._idle[0]
+            second = await client.chat(MESSAGES)
+            assert client._pool._idle == [conn]
+            return first, second
+
+    first, second = asyncio.run(go())
+    assert first.completion_tokens == second.completion_tokens == 16
