@@ -180,3 +180,16 @@ def test_a_closed_pipe_is_not_a_traceback() -> None:
     proc.wait(timeout=30)
     proc.stderr.close()
     assert "Traceback" not in err and proc.returncode in (0, 141)
+
+
+def test_plot_on_a_run_without_a_figure_says_so(sim, tmp_path: Path) -> None:
+    assert (
+        run_cli(
+            ["run", "gsm8k", "--target", sim.url, "--rollouts", "2", "--out", str(tmp_path)]
+        ).returncode
+        == 0
+    )
+    proc = run_cli(["plot", str(tmp_path), "-o", str(tmp_path / "x.png")])
+    assert proc.returncode == 2
+    assert "a gsm8k run has no figure of its own" in proc.stderr
+    assert "Traceback" not in proc.stderr

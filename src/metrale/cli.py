@@ -585,19 +585,22 @@ def cmd_report(args: argparse.Namespace, extra: Sequence[str]) -> int:
 
 
 def cmd_plot(args: argparse.Namespace, extra: Sequence[str]) -> int:
-    """Dispatch on what DIR holds: each kind of results owns its figure.
-
-    A serve run directory (latency against throughput) or a sweep directory (cell files from
-    'metrale matrix'); another kind of results adds its branch here.
-    """
-    from metrale.benchmarks.serve.plot import is_serve_dir
+    """Dispatch on what DIR holds: a sweep directory (cell files from `metrale matrix`), or the
+    run directory of a benchmark that draws its own figure (`plugin.PlotsRuns`, e.g. serve's
+    latency against throughput)."""
     from metrale.matrix import is_cell_dir
+    from metrale.plugin import PlotsRuns, get_benchmark, run_benchmark_id
 
     _no_extra(extra)
-    if is_serve_dir(args.dir):
-        from metrale.benchmarks.serve.plot import plot_serve
-
-        print(f"wrote {plot_serve(args.dir, args.output)}", file=sys.stderr)
+    bench_id = run_benchmark_id(args.dir)  # a run directory has a run.json; a sweep has none
+    if bench_id is not None:
+        bench = get_benchmark(bench_id)
+        if not isinstance(bench, PlotsRuns):
+            raise UsageError(
+                f"{args.dir}: a {bench_id} run has no figure of its own; "
+                "plot a 'metrale matrix' directory instead"
+            )
+        print(f"wrote {bench.plot_run(args.dir, args.output)}", file=sys.stderr)
         return 0
     if is_cell_dir(args.dir):
         from metrale.matrix.plot import plot_dir
@@ -607,7 +610,7 @@ def cmd_plot(args: argparse.Namespace, extra: Sequence[str]) -> int:
         return 0
     raise UsageError(
         f"{args.dir}: nothing to plot; accepted: a 'metrale matrix' directory "
-        "or a serve run directory"
+        "or a run directory of a benchmark that draws one (serve)"
     )
 
 

@@ -392,6 +392,26 @@ class Benchmark(Protocol):
     async def cleanup(self) -> None: ...
 
 
+@runtime_checkable
+class PlotsRuns(Protocol):
+    """Optional: a benchmark whose run directory has a figure of its own (`metrale plot DIR`)."""
+
+    @staticmethod
+    def plot_run(run_dir: Path, output: Path) -> Path: ...
+
+
+def run_benchmark_id(run_dir: Path) -> str | None:
+    """The benchmark a `metrale run` directory belongs to (from its run.json), or None."""
+    import json
+
+    try:
+        info = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    bench = info.get("benchmark") if isinstance(info, dict) else None
+    return bench if isinstance(bench, str) else None
+
+
 def discover() -> dict[str, type[Benchmark]]:
     """Every benchmark registered under the `metrale.benchmarks` entry-point group."""
     found: dict[str, type[Benchmark]] = {}

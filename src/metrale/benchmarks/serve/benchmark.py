@@ -115,6 +115,13 @@ class ServeBenchmark:
         "fixed concurrency, a request rate, or a sweep that finds the knee.",
     )
 
+    @staticmethod
+    def plot_run(run_dir: Path, output: Path) -> Path:
+        """`metrale plot DIR` on a serve run: latency against achieved throughput."""
+        from metrale.benchmarks.serve.plot import plot_serve
+
+        return plot_serve(run_dir, output)
+
     def __init__(self) -> None:
         self.values = ParamValues()
         self.slos: dict[str, float] = {}

@@ -12,11 +12,6 @@ from pathlib import Path
 from metrale.errors import UsageError
 
 
-def is_serve_dir(directory: Path) -> bool:
-    """A serve run directory: it has the `levels.json` the serve benchmark writes."""
-    return (directory / "levels.json").is_file()
-
-
 def plot_serve(directory: Path, out: Path) -> Path:
     """Draw the curve of `directory` into the PNG `out`; return its path."""
     from metrale.benchmarks.serve.benchmark import LEVELS_FILE, ServeLevels
