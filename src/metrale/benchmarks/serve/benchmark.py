@@ -453,7 +453,12 @@ def _ms(values: list[float], q: float) -> str:
 
 
 def _num(x: float | int | None) -> str:
-    return "-" if x is None else f"{x:.3g}"
+    """Three significant digits, never an exponent (1080, not 1.08e+03)."""
+    if x is None:
+        return "-"
+    if abs(x) >= 100:
+        return f"{x:.0f}"
+    return f"{x:.3g}"
 
 
 def _table(levels: list[LevelSummary], knee_index: int | None, qs: list[float]) -> Table:
