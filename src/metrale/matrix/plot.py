@@ -116,7 +116,7 @@ def build_figure(cells: Sequence[CellResult]) -> Figure:
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
     handles = [Patch(facecolor=colour[r], edgecolor="0.2", label=r) for r in runtimes]
-    fig.legend(handles=handles, title="runtime", loc="outside upper right", ncols=len(runtimes))
+    fig.legend(handles=handles, title="runtime", loc="outside lower center", ncols=len(runtimes))
     first = ordered[0] if ordered else None
     model = f" · {first.model}" if first and first.model else ""
     bench = first.benchmark if first else ""
