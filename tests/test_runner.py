@@ -36,3 +36,51 @@ def test_a_heartbeat_when_nothing_changes_for_long() -> None:
     display.snapshot(snap("1/8 rollouts", 1.0))
     display.snapshot(snap("1/8 rollouts", 31.0))
     assert len(out.getvalue().splitlines()) == 2
+
+
+def test_an_interrupted_run_tells_the_benchmark_before_cleanup(monkeypatch, tmp_path) -> None:
+    import asyncio
+
+    from metrale import runner
+    from metrale.endpoint.client import Target
+    from metrale.plugin import Descriptor, ParamValues, validate_params
+
+    seen: dict[str, bool] = {}
+
+    class Forever:
+        descriptor = Descriptor(id="forever", name="Forever", summary="never ends")
+
+        def parameters(self):
+            return []
+
+        def configure(self, values):
+            return validate_params([], values)
+
+        async def load(self, handle):
+            self.handle = handle
+
+        async def next(self):
+            await asyncio.sleep(3600)
+
+        async def cleanup(self):
+            seen["cancelled"] = self.handle.cancelled()
+
+    monkeypatch.setattr(runner, "get_benchmark", lambda name: Forever)
+    request = runner.RunRequest(
+        benchmark="forever",
+        params=ParamValues(),
+        target=Target(base_url="http://127.0.0.1:9/v1", model="m"),
+        out=tmp_path / "run",
+        preflight=False,
+        progress=None,
+    )
+
+    async def go() -> None:
+        task = asyncio.create_task(runner.run(request))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(go())
+    assert seen == {"cancelled": True}
+    assert '"error": "interrupted"' in (tmp_path / "run" / "result.json").read_text()

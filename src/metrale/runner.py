@@ -142,7 +142,9 @@ async def run(request: RunRequest) -> RunResult:
         runtime_retries=request.runtime_retries,
         on_status=display.phase,
         on_progress=display.progress,
+        cancelled=lambda: interrupted.is_set(),
     )
+    interrupted = asyncio.Event()  # set when Ctrl-C or SIGTERM reaches the run, before cleanup
     started = time.perf_counter()
     final = BenchmarkResult(status=Status.FAILED, error="run did not start")
     seen_logs = 0
@@ -159,6 +161,7 @@ async def run(request: RunRequest) -> RunResult:
                 final = snapshot
                 break
     except (asyncio.CancelledError, KeyboardInterrupt):
+        interrupted.set()
         final = final.model_copy(update={"status": Status.FAILED, "error": "interrupted"})
         raise
     except UsageError:
