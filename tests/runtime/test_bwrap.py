@@ -22,7 +22,7 @@ from metrale.errors import UsageError
 from metrale.rollout import RolloutPlan, run_rollouts
 from metrale.runtime import Runtime, check_runtime, create_runtime, runtime_config
 from metrale.runtime.bwrap import BwrapRuntime
-from metrale.runtime.procs import PidsCgroup
+from metrale.runtime.cgroups import SandboxCgroup
 from tests.runtime.conftest import HAVE_BWRAP, processes_with
 
 pytestmark = pytest.mark.skipif(not HAVE_BWRAP, reason="bwrap (bubblewrap) is not installed")
@@ -130,11 +130,11 @@ def test_a_server_inside_is_reachable_from_the_next_command_inside(marker: str) 
 
 
 def pids_cgroup_available() -> bool:
-    probe = PidsCgroup.create(f"metrale-probe-{os.getpid()}", 1)
+    probe = SandboxCgroup.create(f"metrale-probe-{os.getpid()}", max_pids=1, memory_mb=None)
     if probe is None:
         return False
     probe.remove()
-    return True
+    return probe.bounds_pids
 
 
 @pytest.mark.skipif(

@@ -3,7 +3,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from metrale.runtime.procs import CappedBuffer, Limits, RateLimiter, scrub_env
+from metrale.runtime.procs import CappedBuffer, Limits, RateLimiter, allowed_env
 
 
 def test_capped_buffer_keeps_head_and_tail_and_counts_the_rest() -> None:
@@ -25,17 +25,20 @@ def test_capped_buffer_under_cap_is_verbatim() -> None:
     assert buf.text() == "hello world" and buf.dropped == 0
 
 
-def test_scrub_env_drops_secret_names() -> None:
+def test_allowed_env_keeps_only_the_allow_list() -> None:
     env = {
         "PATH": "/bin",
         "OPENAI_API_KEY": "s",
         "GITHUB_TOKEN": "s",
         "AWS_SECRET_ACCESS_KEY": "s",
-        "DB_PASSWORD": "s",
-        "HF_TOKEN": "s",
+        "AWS_ACCESS_KEY_ID": "s",
+        "DATABASE_URL": "postgres://u:p@h/db",
+        "GH_PAT": "s",
+        "SSH_AUTH_SOCK": "/tmp/agent.sock",
+        "HOME": "/root",
         "LANG": "C",
     }
-    assert scrub_env(env) == {"PATH": "/bin", "LANG": "C"}
+    assert allowed_env(env) == {"PATH": "/bin", "LANG": "C"}
 
 
 def test_limits_prlimit_argv() -> None:

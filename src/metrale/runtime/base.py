@@ -20,6 +20,13 @@ class RuntimeStartError(Exception):
     kind = "runtime_start"
 
 
+class SandboxLostError(RuntimeError):
+    """The sandbox died under its rollout (e.g. `kill -9 -1` inside): no later command may run,
+    since there is nothing left to run it in. Recorded on the rollout as `runtime_lost`."""
+
+    kind = "runtime_lost"
+
+
 class ProgramResult(BaseModel):
     exit_code: int
     stdout: str

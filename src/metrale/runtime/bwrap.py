@@ -2,17 +2,36 @@
 
 `start()` launches `bwrap ... cat` in new user, mount, PID, IPC, UTS, cgroup and network
 namespaces (loopback only unless `network`), system directories and a few `/etc` files bound
-read-only, the sandbox's root read-only, the rollout's workdir writable at `/work`, a private
-`/tmp`, `--die-with-parent` and `--new-session`, under `setpriv --pdeathsig KILL` so bwrap dies
-with metrale. It returns when `cat` inside echoes the line fed to it: bwrap's `--json-status-fd`
-gives the pid before the uid map is written, so only an answer from inside means ready.
+read-only, the sandbox's root read-only, the rollout's workdir writable at `/work`, sized tmpfs
+at `/tmp` and `/dev/shm` (the rest of `/dev` read-only), `--die-with-parent` and
+`--new-session`. It returns when `cat` inside echoes the line fed to it: bwrap's
+`--json-status-fd` gives the pid before the uid map is written, so only an answer from inside
+means ready.
 
-Each `run()` enters those namespaces with `nsenter` as uid 1000 of the sandbox's user namespace
-(mapped to the invoking host user, no capabilities), under `prlimit` limits, so a server started
-by one command is reachable on loopback by the next. The process limit is a `pids` cgroup per
-sandbox where the host lets us create one (RLIMIT_NPROC exempts a root-mapped uid). `stop()`
-kills bwrap: the sandbox's PID 1 dies with it and the kernel kills everything left in its PID
-namespace.
+What holds, and how:
+
+- **No secret of metrale's environment inside.** bwrap (the sandbox's PID 1 is a fork of it)
+  and every wrapper are started with `SPAWN_ENV` only; commands get `_env()` plus the config's
+  `env` (`--env`) and the call's. Nothing else of metrale's is in any process inside.
+- **Nothing made inside carries privilege out.** As root, metrale runs bwrap itself as a fresh
+  unprivileged host uid per sandbox (`setpriv --reuid`, no groups, no capabilities), so the
+  sandbox user maps to that uid, never to 0: a setuid file made inside is setuid to a uid that
+  owns nothing. The workdir and writable binds are handed to that uid (chowned, like podman's
+  `:U`); bind sources the uid could not reach (`/root/...` is 0700) are first bound by root
+  into the sandbox's private staging dir in a private mount namespace (`unshare --mount`), so
+  bwrap needs no access to the host path. Run as a normal user, bwrap maps that user, as ever.
+- **Commands enter only the live sandbox**: see `sandbox_proc` (verified namespace fds, never
+  a pid); a dead sandbox raises `SandboxLostError`, recorded on the rollout as `runtime_lost`.
+- **File transfer cannot be steered out**: see `beneath` (no symlink followed, ever).
+- **Bounded by default**: total memory and processes by a cgroup per sandbox where the host has
+  one (`cgroups`), `/tmp` and `/dev/shm` by tmpfs size, CPU time and file size by rlimits.
+  `/work` is host disk bounded only per file (RLIMIT_FSIZE); see the README's table.
+- **Every exit path stops it**: bwrap is spawned with a race-free parent-death signal
+  (`die_with_us`), so a SIGKILLed metrale takes it along; `stop()` kills synchronously, and
+  finishes waiting, cgroup removal and rmtree even when the awaiting task is cancelled.
+
+Each `run()` enters those namespaces with `nsenter` as uid 1000 of the sandbox's user namespace,
+under `prlimit` limits, so a server started by one command is reachable on loopback by the next.
 """
 
 from __future__ import annotations
@@ -21,77 +40,58 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import shutil
-import subprocess
+import signal
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from metrale.errors import UsageError
-from metrale.runtime.base import ProgramResult, RuntimeBase, RuntimeStartError, Throttle
+from metrale.runtime.base import (
+    ProgramResult,
+    RuntimeBase,
+    RuntimeStartError,
+    SandboxLostError,
+    Throttle,
+)
+from metrale.runtime.beneath import SymlinkInPath, read_beneath, write_beneath
+from metrale.runtime.bwrap_setup import (
+    HOST_UID_BASE,
+    HOST_UID_RANGE,
+    READY_COMMAND,
+    READY_TIMEOUT_S,
+    SANDBOX_PATH,
+    SANDBOX_UID,
+    SPAWN_ENV,
+    WORKDIR_PREFIX,
+    as_uid,
+    check_bwrap,
+    hand_over,
+    leftover_cgroups,
+    leftover_workdirs,
+    privileged,
+    stage_argv,
+    system_binds,
+)
+from metrale.runtime.cgroups import SandboxCgroup
 from metrale.runtime.configs import BwrapConfig
-from metrale.runtime.procs import PidsCgroup, killpg, run_process
+from metrale.runtime.procs import die_with_us, killpg, run_process
+from metrale.runtime.sandbox_proc import SandboxProcess, close_all
 
-#: The uid and gid commands run as inside the sandbox (mapped to the invoking host user).
-SANDBOX_UID = 1000
-#: Top-level system directories bound read-only (or re-created as the same symlink).
-SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "opt/conda")
-#: /etc entries a program commonly needs; nothing else of the host's /etc is visible.
-ETC_FILES = (
-    "alternatives", "ca-certificates", "ssl", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
-    "localtime", "nsswitch.conf", "hosts", "resolv.conf", "passwd", "group", "python3",
-    "mime.types", "protocols", "services", "os-release", "debian_version",
-)  # fmt: skip
-SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-READY_TIMEOUT_S = 60.0
-#: The sandbox's command: `cat` echoes the "ready" line we feed it once the sandbox runs, then
-#: blocks on its stdin, which we hold open until `stop()` (or until metrale dies).
-READY_COMMAND = ("cat",)
+__all__ = [
+    "SANDBOX_PATH", "SANDBOX_UID", "WORKDIR_PREFIX", "BwrapRuntime", "check_bwrap",
+    "leftover_cgroups", "leftover_workdirs", "system_binds",
+]  # fmt: skip
+
+#: How long stop() waits for the sandbox to die after SIGKILL before it moves on.
+STOP_WAIT_S = 10.0
+_Binds = list[tuple[str, str, bool]]
 
 
-def check_bwrap(config: BwrapConfig | None = None) -> None:
-    """UsageError when bubblewrap is missing, cannot create namespaces, or a bind is absent."""
-    for tool, package in (("bwrap", "bubblewrap"), ("nsenter", "util-linux"),
-                          ("prlimit", "util-linux")):  # fmt: skip
-        if shutil.which(tool) is None:
-            raise UsageError(
-                f"bwrap runtime: '{tool}' is not installed (Debian/Ubuntu: apt-get install "
-                f"{package})"
-            )
-    probe = subprocess.run(
-        ["bwrap", "--unshare-all", "--unshare-user", "--ro-bind", "/", "/", "--", "true"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    if probe.returncode != 0:
-        why = (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
-        raise UsageError(
-            f"bwrap runtime: bubblewrap cannot create a sandbox here ({why}); user namespaces "
-            "may be disallowed (sysctl kernel.unprivileged_userns_clone=1, "
-            "user.max_user_namespaces > 0, or an AppArmor userns restriction)"
-        )
-    for bind in config.binds if config is not None else ():
-        if not os.path.exists(bind.src):
-            raise UsageError(f"bwrap runtime: bind source {bind.src} does not exist")
-
-
-def system_binds() -> list[str]:
-    """bwrap arguments that show the host's system directories read-only, as they are laid
-    out here (merged-/usr symlinks stay symlinks)."""
-    args: list[str] = []
-    for name in SYSTEM_DIRS:
-        host = Path("/") / name
-        if host.is_symlink():
-            args += ["--symlink", os.readlink(host), str(host)]
-        elif host.is_dir():
-            args += ["--ro-bind", str(host), str(host)]
-    for name in ETC_FILES:
-        host = Path("/etc") / name
-        if host.exists():
-            args += ["--ro-bind", str(host), str(host)]
-    return args
+def _tmpfs(path: str, size_mb: int | None) -> list[str]:
+    size = ["--size", str(size_mb << 20)] if size_mb else []
+    return [*size, "--tmpfs", path]
 
 
 class BwrapRuntime(RuntimeBase):
@@ -99,15 +99,37 @@ class BwrapRuntime(RuntimeBase):
 
     def __init__(self, config: BwrapConfig, throttle: Throttle | None = None) -> None:
         super().__init__(config, throttle)
+        #: the sandbox's host temp dir (`WORKDIR_PREFIX*`); `/work` is its `work/`
         self.workdir: Path | None = None
+        if privileged():
+            self.host_uid = self.host_gid = HOST_UID_BASE + secrets.randbelow(HOST_UID_RANGE)
+        else:
+            self.host_uid, self.host_gid = os.geteuid(), os.getegid()
         self.sandbox_pid: int | None = None
+        self._sandbox: SandboxProcess | None = None
         self._proc: asyncio.subprocess.Process | None = None
         #: one set per command in flight, holding its process group id while it runs
         self._running: list[set[int]] = []
         self._stopped = False
-        self._cgroup: PidsCgroup | None = None
+        self._cgroup: SandboxCgroup | None = None
+        self._teardown: asyncio.Future[None] | None = None
+        self._finish_lock = threading.Lock()
+        self._finished = False
 
-    def bwrap_argv(self, workdir: Path, status_fd: int) -> list[str]:
+    @property
+    def host_workdir(self) -> Path:
+        """The host directory bound writable at `config.workdir`."""
+        if self.workdir is None:
+            raise RuntimeError("bwrap runtime is not started")
+        return self.workdir / "work"
+
+    @property
+    def bounds(self) -> dict[str, bool]:
+        """Which totals this sandbox's cgroup bounds (False: only the per-process rlimit)."""
+        cg = self._cgroup
+        return {"memory": bool(cg and cg.bounds_memory), "pids": bool(cg and cg.bounds_pids)}
+
+    def bwrap_argv(self, status_fd: int, binds: _Binds) -> list[str]:
         cfg = self.config
         argv = ["bwrap", "--unshare-all", "--unshare-user"]
         if cfg.network:
@@ -115,12 +137,14 @@ class BwrapRuntime(RuntimeBase):
         argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
         argv += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
         argv += system_binds()
-        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-        argv += ["--bind", str(workdir), cfg.workdir]
-        for bind in cfg.binds:
-            argv += ["--bind" if bind.writable else "--ro-bind", bind.src, bind.dst or bind.src]
+        # /dev: bwrap's device nodes, read-only but for a sized /dev/shm; /tmp sized too
+        argv += ["--proc", "/proc", "--dev", "/dev", *_tmpfs("/dev/shm", cfg.shm_mb)]
+        argv += ["--remount-ro", "/dev", *_tmpfs("/tmp", cfg.tmp_mb)]
+        argv += ["--bind", str(self.host_workdir), cfg.workdir]
+        for src, dst, writable in binds:
+            argv += ["--bind" if writable else "--ro-bind", src, dst]
         # the sandbox's own root (a tmpfs holding the mount points) is read-only too: only the
-        # workdir, /tmp and writable binds take writes
+        # workdir, /tmp, /dev/shm and writable binds take writes
         argv += ["--remount-ro", "/"]
         argv += ["--chdir", cfg.workdir, "--clearenv", "--setenv", "PATH", SANDBOX_PATH]
         # bwrap reports the pid before it writes the uid map: "ready" echoed from inside is
@@ -128,24 +152,66 @@ class BwrapRuntime(RuntimeBase):
         argv += ["--json-status-fd", str(status_fd), "--", *READY_COMMAND]
         return argv
 
+    def _prepare(self) -> tuple[_Binds, list[tuple[str, str]]]:
+        """Blocking: the workdir and writable binds handed to the sandbox's uid, and (as
+        root) a staging path per bind. Returns bwrap's binds and root's staging pairs."""
+        assert self.workdir is not None
+        os.chmod(self.workdir, 0o711)
+        self.host_workdir.mkdir(mode=0o700)
+        os.chown(self.host_workdir, self.host_uid, self.host_gid)
+        binds: _Binds = []
+        staging: list[tuple[str, str]] = []
+        for i, bind in enumerate(self.config.binds):
+            src = os.path.abspath(bind.src)
+            if not os.path.lexists(src):
+                raise RuntimeStartError(f"bind source {src} does not exist")
+            if privileged():
+                if bind.writable:
+                    hand_over(Path(src), self.host_uid)
+                staged = self.workdir / "stage" / str(i)
+                staged.parent.mkdir(mode=0o711, exist_ok=True)
+                if os.path.isdir(src):
+                    staged.mkdir()
+                else:
+                    staged.touch()
+                staging.append((src, str(staged)))
+                src = str(staged)
+            binds.append((src, bind.dst or bind.src, bind.writable))
+        return binds, staging
+
     async def start(self) -> None:
         await self._await_throttle()
         if self._stopped:
             raise RuntimeStartError("runtime already stopped")
         try:
-            self.workdir = Path(tempfile.mkdtemp(prefix="metrale-bwrap-"))
+            await self._start()
+        except BaseException:
+            # failed or cancelled part-way: nothing it made may stay, whether or not the
+            # caller goes on to stop() (a cancelled start is often never stopped)
+            self._stopped = True
+            self._kill()
+            self._finish()
+            raise
+
+    async def _start(self) -> None:
+        try:
+            self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+            binds, staging = await asyncio.to_thread(self._prepare)
         except OSError as exc:
-            raise RuntimeStartError(f"cannot create a workdir: {exc}") from exc
+            raise RuntimeStartError(f"cannot prepare the sandbox's directories: {exc}") from exc
+        limits = self.config.limits
+        self._cgroup = await asyncio.to_thread(
+            SandboxCgroup.create,
+            self.workdir.name,
+            max_pids=limits.max_procs,
+            memory_mb=limits.memory_mb,
+        )
         read_fd, write_fd = os.pipe()
-        argv = self.bwrap_argv(self.workdir, write_fd)
-        if shutil.which("setpriv"):
-            # --die-with-parent ties the sandbox to bwrap; this ties bwrap to us, so a metrale
-            # killed with SIGKILL leaves no sandbox running either
-            argv = ["setpriv", "--pdeathsig", "KILL", "--", *argv]
-        if self.config.limits.max_procs is not None:
-            self._cgroup = PidsCgroup.create(self.workdir.name, self.config.limits.max_procs)
-            if self._cgroup is not None:
-                argv = self._cgroup.wrap(argv)
+        argv = self.bwrap_argv(write_fd, binds)
+        if privileged():
+            argv = [*stage_argv(staging), *as_uid(self.host_uid), *argv]
+        if self._cgroup is not None:
+            argv = self._cgroup.wrap(argv)
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -154,6 +220,8 @@ class BwrapRuntime(RuntimeBase):
                 stderr=asyncio.subprocess.PIPE,
                 pass_fds=(write_fd,),
                 start_new_session=True,
+                env=SPAWN_ENV,
+                preexec_fn=die_with_us(),
             )
         except OSError as exc:
             os.close(read_fd)
@@ -177,12 +245,17 @@ class BwrapRuntime(RuntimeBase):
         finally:
             transport.close()
         try:
-            self.sandbox_pid = int(json.loads(line)["child-pid"])
+            pid: int | None = int(json.loads(line)["child-pid"])
         except (ValueError, KeyError, TypeError):
-            self.sandbox_pid = None
-        if self.sandbox_pid is None or ready != b"ready\n":
+            pid = None
+        if pid is None or ready != b"ready\n":
             why = await self._failure_text()
             raise RuntimeStartError(f"bwrap did not start: {why}")
+        try:
+            self._sandbox = SandboxProcess(pid, self._proc.pid)
+        except (OSError, RuntimeError) as exc:
+            raise RuntimeStartError(f"bwrap started, but {exc}") from exc
+        self.sandbox_pid = pid
 
     async def _failure_text(self) -> str:
         assert self._proc is not None
@@ -194,19 +267,17 @@ class BwrapRuntime(RuntimeBase):
         text = stderr.decode(errors="replace").strip()
         return text.splitlines()[-1] if text else f"exit {self._proc.returncode}"
 
-    def _enter(self, argv: Sequence[str], cwd: str | None) -> list[str]:
-        if self.sandbox_pid is None or self._stopped:
+    def _enter(self, argv: Sequence[str], cwd: str | None) -> tuple[list[str], list[int]]:
+        """The host argv that runs `argv` inside, and the fds it must be given."""
+        if self._sandbox is None or self._stopped:
             raise RuntimeError("bwrap runtime is not started")
+        fds = self._sandbox.open_entry()  # SandboxLostError when it is gone
         if cwd:
             argv = ["sh", "-c", 'cd -- "$0" && exec "$@"', cwd, *argv]
-        uid = str(SANDBOX_UID)
         enter = self._cgroup.wrap([]) if self._cgroup is not None else []
-        return [
-            *enter,
-            *self.config.limits.prlimit_argv(),
-            "nsenter", "-t", str(self.sandbox_pid), "--all", "-r", "-w",
-            "-S", uid, "-G", uid, "--", *argv,
-        ]  # fmt: skip
+        limits = self.config.limits.prlimit_argv(address_space=not self.bounds["memory"])
+        nsenter = SandboxProcess.nsenter_argv(fds, SANDBOX_UID, SANDBOX_UID)
+        return [*enter, *limits, *nsenter, *argv], fds
 
     def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         env = {
@@ -233,17 +304,36 @@ class BwrapRuntime(RuntimeBase):
         running: set[int] = set()
         self._running.append(running)
         try:
-            return await run_process(
-                self._enter(argv, cwd),
-                env=self._env(env),
-                cwd=None,
-                timeout=timeout,
-                cap=cap or self.config.output_cap_bytes,
-                stdin=stdin,
-                sessions=running,
-            )
+            command, fds = self._enter(argv, cwd)
+            try:
+                result = await run_process(
+                    command,
+                    env=self._env(env),
+                    cwd=None,
+                    timeout=timeout,
+                    cap=cap or self.config.output_cap_bytes,
+                    stdin=stdin,
+                    sessions=running,
+                    pass_fds=fds,
+                )
+            finally:
+                close_all(fds)
         finally:
             self._running.remove(running)
+        await self._check_alive(result)
+        return result
+
+    async def _check_alive(self, result: ProgramResult) -> None:
+        """SandboxLostError when the sandbox died during the command: its result (often
+        nsenter failing to fork in a dying PID namespace) is not the command's."""
+        assert self._sandbox is not None
+        if result.exit_code != 0 and result.stderr.startswith("nsenter: "):
+            for _ in range(100):  # PID 1 may still be on its way out: up to 1 s
+                if not self._sandbox.alive():
+                    break
+                await asyncio.sleep(0.01)
+        if not self._sandbox.alive():
+            raise SandboxLostError("the sandbox died during the command (its PID 1 exited)")
 
     async def run(
         self,
@@ -256,26 +346,24 @@ class BwrapRuntime(RuntimeBase):
         argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
         return await self._exec(argv, env=env, cwd=cwd, timeout=timeout)
 
-    def _host_path(self, path: str) -> Path | None:
-        """The host path of a sandbox path inside the workdir, or None when it is elsewhere or
-        resolves (through a symlink the sandbox made) outside the workdir."""
-        if self.workdir is None:
-            raise RuntimeError("bwrap runtime is not started")
+    def _beneath(self, path: str) -> str | None:
+        """`path` relative to the host workdir when the host may move the file itself: inside
+        the workdir and not under a bind mounted there (which the host's copy does not see)."""
         inside = os.path.normpath(os.path.join(self.config.workdir, path))
         root = self.config.workdir.rstrip("/")
-        if inside != root and not inside.startswith(root + "/"):
+        if not inside.startswith(root + "/"):
             return None
-        host = self.workdir / os.path.relpath(inside, root)
-        real_root = os.path.realpath(self.workdir)
-        real = os.path.realpath(host)
-        if real != real_root and not real.startswith(real_root + os.sep):
-            return None
-        return host
+        for bind in self.config.binds:
+            dst = os.path.normpath(bind.dst or bind.src)
+            if inside == dst or inside.startswith(dst + "/"):
+                return None
+        return os.path.relpath(inside, root)
 
     async def read(self, path: str) -> bytes:
-        host = self._host_path(path)
-        if host is not None and not host.is_symlink():
-            return await asyncio.to_thread(host.read_bytes)
+        rel = self._beneath(path)
+        if rel is not None:
+            with contextlib.suppress(SymlinkInPath):  # links resolve inside, as the sandbox's
+                return await asyncio.to_thread(read_beneath, str(self.host_workdir), rel)
         result = await self._exec(["cat", "--", path], cap=1 << 30)
         if result.exit_code != 0:
             raise FileNotFoundError(f"{path}: {result.stderr.strip()}")
@@ -283,38 +371,63 @@ class BwrapRuntime(RuntimeBase):
 
     async def write(self, path: str, data: bytes | str) -> None:
         payload = data.encode() if isinstance(data, str) else data
-        host = self._host_path(path)
-        if host is not None and not host.is_symlink():
-
-            def put() -> None:
-                host.parent.mkdir(parents=True, exist_ok=True)
-                host.write_bytes(payload)
-
-            await asyncio.to_thread(put)
-            return
+        rel = self._beneath(path)
+        if rel is not None:
+            owner = (self.host_uid, self.host_gid)
+            with contextlib.suppress(SymlinkInPath):
+                await asyncio.to_thread(
+                    write_beneath, str(self.host_workdir), rel, payload, owner=owner
+                )
+                return
         result = await self._exec(
             ["sh", "-c", 'mkdir -p -- "$(dirname -- "$0")" && cat > "$0"', path], stdin=payload
         )
         if result.exit_code != 0:
             raise OSError(f"cannot write {path} in the sandbox: {result.stderr.strip()}")
 
-    async def stop(self) -> None:
-        if self._stopped:
-            return
-        self._stopped = True
+    def _kill(self) -> None:
+        """Synchronous: SIGKILL the commands in flight, bwrap, and the sandbox's PID 1 (whose
+        death makes the kernel kill everything left in its PID namespace)."""
         for running in list(self._running):
             for pgid in running:
                 killpg(pgid)
+        if self._proc is not None and self._proc.returncode is None:
+            killpg(self._proc.pid)
+        if self._sandbox is not None and self._sandbox.pidfd >= 0:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._sandbox.pidfd, signal.SIGKILL)
+
+    def _finish(self) -> None:
+        """Blocking and idempotent: wait for the sandbox to die, remove its cgroups (killing
+        any straggler in them) and its temp dir."""
+        with self._finish_lock:
+            if self._finished:
+                return
+            if self._sandbox is not None:
+                self._sandbox.wait(STOP_WAIT_S)
+                self._sandbox.close()
+            if self._cgroup is not None:
+                self._cgroup.remove()
+            if self.workdir is not None:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+            self._finished = True
+
+    async def stop(self) -> None:
+        """Idempotent. The kill is synchronous; the rest runs in a thread that no
+        cancellation stops, and a cancelled stop() finishes it synchronously before it
+        re-raises, so a run cut short by Ctrl-C still leaves nothing behind."""
+        if self._teardown is None:
+            self._stopped = True
+            self._kill()
+            self._teardown = asyncio.ensure_future(asyncio.to_thread(self._finish))
+        try:
+            await asyncio.shield(self._teardown)
+        except asyncio.CancelledError:
+            self._finish()
+            raise
         if self._proc is not None:
-            if self._proc.returncode is None:
-                killpg(self._proc.pid)
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._proc.wait(), 10)
-            if self._proc.stderr is not None:
-                transport = getattr(self._proc, "_transport", None)
-                if transport is not None:
-                    transport.close()
-        if self._cgroup is not None:
-            await asyncio.to_thread(self._cgroup.remove)
-        if self.workdir is not None:
-            await asyncio.to_thread(shutil.rmtree, self.workdir, True)
+                await asyncio.wait_for(self._proc.wait(), 5)
+            transport = getattr(self._proc, "_transport", None)
+            if transport is not None:
+                transport.close()

@@ -48,8 +48,12 @@ class SubprocessConfig(RuntimeConfig):
 
 
 class BwrapConfig(RuntimeConfig):
-    """A bubblewrap sandbox: read-only system dirs, a writable workdir, private /tmp, new
-    user/PID/IPC/UTS/network namespaces (loopback only unless `network`)."""
+    """A bubblewrap sandbox: read-only system dirs, a writable workdir, private sized /tmp and
+    /dev/shm, new user/PID/IPC/UTS/network namespaces (loopback only unless `network`).
+
+    `limits.memory_mb` is the sandbox's total memory (tmpfs included) where a memory cgroup can
+    be made, else per process (RLIMIT_AS); `limits.max_procs` its process count (pids cgroup,
+    else RLIMIT_NPROC)."""
 
     type: Literal["bwrap"] = "bwrap"  # type: ignore[assignment]
     limits: Limits = Field(default_factory=Limits)
@@ -57,6 +61,8 @@ class BwrapConfig(RuntimeConfig):
     network: bool = False
     workdir: str = Field(default="/work", description="the workdir's path inside the sandbox")
     env: dict[str, str] = Field(default_factory=dict)
+    tmp_mb: int | None = Field(default=512, ge=1, description="size of the sandbox's /tmp")
+    shm_mb: int | None = Field(default=64, ge=1, description="size of the sandbox's /dev/shm")
 
 
 class DockerConfig(RuntimeConfig):

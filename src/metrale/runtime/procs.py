@@ -1,5 +1,6 @@
-"""Host process plumbing shared by the runtimes: spawning with capped output, scrubbing
-secrets from an environment, resource-limit wrappers, killing process trees, rate limiting.
+"""Host process plumbing shared by the runtimes: spawning with capped output, the environment
+a command may inherit, resource-limit wrappers, dying with metrale, killing process trees, rate
+limiting.
 
 Output is streamed, never buffered whole: a command that prints 1 GB keeps its first and last
 `cap / 2` bytes and counts the rest as dropped. A command's exit does not wait for its pipes to
@@ -10,40 +11,71 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import functools
 import os
-import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from metrale.runtime.base import ProgramResult
 
-#: Environment names that look like credentials; matched case-insensitively on the whole name.
-SECRET_NAME = re.compile(
-    r"(API_?KEY|_KEY$|^KEY$|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|_AUTH$|^AUTH_)", re.I
-)
+#: The only variables of metrale's environment a host command inherits (the subprocess runtime):
+#: where programs are, language and terminal settings, who the user is. Anything else (API keys,
+#: `DATABASE_URL`, `GH_PAT`, `AWS_*`, `SSH_AUTH_SOCK`, ...) reaches a sandbox only when passed
+#: explicitly (`--env NAME` / `--env NAME=VALUE`, the config's `env`). An allow-list, since no
+#: list of secret-looking names is ever complete.
+HOST_ENV_ALLOW = (
+    "PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "LC_NUMERIC", "LC_TIME",
+    "TERM", "TZ", "TMPDIR", "USER", "LOGNAME", "SHELL",
+)  # fmt: skip
+
+PR_SET_PDEATHSIG = 1
 
 #: After a command exits, how long its output pipes may stay open before we stop reading:
 #: a background child that inherited them must not hold `run()` hostage.
 PIPE_GRACE_S = 0.1
 
 
-def scrub_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment minus anything whose name looks like a secret (`*_API_KEY`, `*_TOKEN`,
-    `*_SECRET`, `*PASSWORD*`, ...): sandboxed commands must not see the host's credentials."""
-    return {k: v for k, v in env.items() if not SECRET_NAME.search(k)}
+def allowed_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The part of `env` a sandboxed command may inherit: the names in `HOST_ENV_ALLOW`."""
+    return {k: env[k] for k in HOST_ENV_ALLOW if k in env}
+
+
+def die_with_us() -> Callable[[], None]:
+    """A `preexec_fn` that makes the child get SIGKILL when this process dies, without the race
+    of setting it later: if we died between fork and `prctl`, the child exits at once.
+
+    The kernel sends the signal when the *thread* that forked the child exits, so spawn from
+    the thread that lives as long as the sandbox (the event loop's), never from a worker."""
+    parent = os.getpid()
+    prctl = _libc().prctl
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(137)
+
+    return preexec
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 class Limits(BaseModel):
     """Per-process resource limits (setrlimit via `prlimit`); None leaves a limit as inherited.
 
-    `memory_mb` bounds address space (RLIMIT_AS), `max_procs` the processes of the sandbox's
-    user (RLIMIT_NPROC; not enforced for uid 0 in the host's user namespace, so it binds in
-    bwrap, which runs commands in their own user namespace, but not for subprocess as root).
+    `memory_mb` bounds address space per process (RLIMIT_AS) where no memory cgroup bounds
+    the sandbox's total (bwrap puts it there when the host has one), `max_procs` the processes
+    of the sandbox's user (RLIMIT_NPROC; not enforced for uid 0 in the host's user namespace,
+    so it binds in bwrap, whose sandboxes run as their own unprivileged host uid, but not for
+    subprocess as root).
     """
 
     cpu_s: int | None = 1800
@@ -51,12 +83,13 @@ class Limits(BaseModel):
     max_procs: int | None = 256
     file_size_mb: int | None = 1024
 
-    def prlimit_argv(self) -> list[str]:
-        """`prlimit --cpu=.. --as=.. -- ` (empty when no limit is set)."""
+    def prlimit_argv(self, *, address_space: bool = True) -> list[str]:
+        """`prlimit --cpu=.. --as=.. -- ` (empty when no limit is set); without
+        `address_space` the memory bound is left to a cgroup."""
         args = []
         if self.cpu_s is not None:
             args.append(f"--cpu={self.cpu_s}")
-        if self.memory_mb is not None:
+        if self.memory_mb is not None and address_space:
             args.append(f"--as={self.memory_mb << 20}")
         if self.max_procs is not None:
             args.append(f"--nproc={self.max_procs}")
@@ -136,6 +169,7 @@ async def run_process(
     cap: int,
     stdin: bytes | None = None,
     sessions: set[int] | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> ProgramResult:
     """Run `argv` in its own session; on timeout or cancellation kill its whole process group.
 
@@ -153,6 +187,7 @@ async def run_process(
         env=dict(env),
         cwd=cwd,
         start_new_session=True,
+        pass_fds=tuple(pass_fds),
     )
     pid = transport.get_pid()
     if sessions is not None:
@@ -259,74 +294,3 @@ class RateLimiter:
             self._next = max(now, self._next) + self.interval
         if wait > 0:
             await asyncio.sleep(wait)
-
-
-def _own_cgroup(controller: str) -> Path | None:
-    """Where this process sits in the hierarchy that has `controller` (v1), or in the
-    unified hierarchy (v2) when `controller` is delegated there; None otherwise."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controller in controllers.split(","):
-            base = Path("/sys/fs/cgroup") / controller
-            return base / path.lstrip("/")
-    for line in lines:
-        hier, controllers, path = line.split(":", 2)
-        if hier == "0" and controllers == "":
-            here = Path("/sys/fs/cgroup") / path.lstrip("/")
-            try:
-                enabled = (here / "cgroup.subtree_control").read_text().split()
-            except OSError:
-                return None
-            return here if controller in enabled else None
-    return None
-
-
-class PidsCgroup:
-    """A `pids` cgroup holding one sandbox, so its process limit counts only its own processes
-    whoever they run as (RLIMIT_NPROC counts per host user and exempts root). Created only where
-    the host lets us; `create()` returns None elsewhere and the caller relies on RLIMIT_NPROC."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    @classmethod
-    def create(cls, name: str, max_pids: int) -> PidsCgroup | None:
-        parent = _own_cgroup("pids")
-        if parent is None or not os.access(parent, os.W_OK):
-            return None
-        path = parent / name
-        try:
-            path.mkdir()
-        except OSError:
-            return None
-        try:
-            (path / "pids.max").write_text(str(max_pids))
-        except OSError:
-            with contextlib.suppress(OSError):
-                path.rmdir()
-            return None
-        return cls(path)
-
-    def wrap(self, argv: Sequence[str]) -> list[str]:
-        """`argv`, moved into this cgroup before it starts (so all its children are in it)."""
-        procs = str(self.path / "cgroup.procs")
-        return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', procs, *argv]
-
-    def remove(self) -> None:
-        """Blocking: waits briefly for killed processes to leave, then removes the cgroup."""
-        for _ in range(200):
-            try:
-                self.path.rmdir()
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                with contextlib.suppress(OSError):
-                    for pid in (self.path / "cgroup.procs").read_text().split():
-                        with contextlib.suppress(OSError):
-                            os.kill(int(pid), signal.SIGKILL)
-                time.sleep(0.01)

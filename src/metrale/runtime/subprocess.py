@@ -5,6 +5,10 @@ Each command runs in its own session; `stop()` kills every process of those sess
 process carrying this sandbox's marker in its environment (`METRALE_SANDBOX=<id>`), which is
 how `setsid cmd &` children, which leave the session, are still found. A command that clears
 its environment *and* leaves the session escapes: for model-authored code use bwrap.
+
+A command inherits only the allow-listed part of metrale's environment (`HOST_ENV_ALLOW`:
+PATH, locale, TERM, TZ, TMPDIR, USER, LOGNAME, SHELL), HOME set to the workdir, plus what the
+config's `env` (`--env`) and the call pass. It still runs as metrale's user, on the host.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from pathlib import Path
 
 from metrale.runtime.base import ProgramResult, RuntimeBase, RuntimeStartError, Throttle
 from metrale.runtime.configs import SubprocessConfig
-from metrale.runtime.procs import kill_tree, run_process, scrub_env
+from metrale.runtime.procs import allowed_env, kill_tree, run_process
 
 MARKER_VAR = "METRALE_SANDBOX"
 
@@ -54,7 +58,7 @@ class SubprocessRuntime(RuntimeBase):
 
     def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         workdir = self._require()
-        env = scrub_env(os.environ)
+        env = allowed_env(os.environ)
         env.update(HOME=str(workdir), PWD=str(workdir), **{MARKER_VAR: self.id})
         env.update(self.config.env)
         env.update(extra or {})

@@ -1,0 +1,142 @@
+"""How a bwrap sandbox is laid out and launched on the host: the tools it needs, the system
+directories it sees, the unprivileged host uid it runs as, the private staging of bind sources,
+and where a killed run's leftovers are. The runtime itself (and what each property rests on) is
+in `bwrap`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from metrale.errors import UsageError
+from metrale.runtime import cgroups
+from metrale.runtime.configs import BwrapConfig
+
+#: Host temp dirs of sandboxes are `tempfile.gettempdir()/WORKDIR_PREFIX*`; their cgroups are
+#: named the same. `metrale cleanup` finds what a killed run left with the two functions below.
+WORKDIR_PREFIX = "metrale-bwrap-"
+#: The uid and gid commands run as inside the sandbox.
+SANDBOX_UID = 1000
+#: As root, each sandbox runs as a host uid drawn from [BASE, BASE + RANGE): unused by any
+#: account, so files a sandbox leaves grant nothing, and distinct per sandbox, so RLIMIT_NPROC
+#: and signals do not cross sandboxes.
+HOST_UID_BASE = 1_800_000_000
+HOST_UID_RANGE = 100_000_000
+#: Top-level system directories bound read-only (or re-created as the same symlink).
+SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "opt/conda")
+#: /etc entries a program commonly needs; nothing else of the host's /etc is visible.
+ETC_FILES = (
+    "alternatives", "ca-certificates", "ssl", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
+    "localtime", "nsswitch.conf", "hosts", "resolv.conf", "passwd", "group", "python3",
+    "mime.types", "protocols", "services", "os-release", "debian_version",
+)  # fmt: skip
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: The whole environment of bwrap and of every host-side wrapper: nothing of metrale's.
+SPAWN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+READY_TIMEOUT_S = 60.0
+#: The sandbox's command: `cat` echoes the "ready" line we feed it once the sandbox runs, then
+#: blocks on its stdin, which we hold open until `stop()` (or until metrale dies).
+READY_COMMAND = ("cat",)
+_TOOLS = (("bwrap", "bubblewrap"), ("nsenter", "util-linux"), ("prlimit", "util-linux"))
+_ROOT_TOOLS = (("setpriv", "util-linux"), ("unshare", "util-linux"), ("mount", "mount"))
+
+
+def leftover_workdirs() -> list[Path]:
+    """Sandbox temp dirs still on disk (a live run's included: check before removing)."""
+    return sorted(Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*"))
+
+
+def leftover_cgroups() -> list[Path]:
+    """Sandbox cgroup directories still present (pids, memory or unified hierarchy)."""
+    return cgroups.leftover_cgroups(WORKDIR_PREFIX)
+
+
+def privileged() -> bool:
+    """Whether metrale runs as root, and so must run bwrap as an unprivileged host uid."""
+    return os.geteuid() == 0
+
+
+def check_bwrap(config: BwrapConfig | None = None) -> None:
+    """UsageError when bubblewrap is missing, cannot create namespaces, or a bind is absent."""
+    for tool, package in _TOOLS + (_ROOT_TOOLS if privileged() else ()):
+        if shutil.which(tool) is None:
+            raise UsageError(
+                f"bwrap runtime: '{tool}' is not installed (Debian/Ubuntu: apt-get install "
+                f"{package})"
+            )
+    probe_argv = ["bwrap", "--unshare-all", "--unshare-user", "--ro-bind", "/", "/", "--", "true"]
+    if privileged():  # the way start() runs it: as an unprivileged host uid
+        probe_argv = [*as_uid(HOST_UID_BASE), *probe_argv]
+    probe = subprocess.run(
+        probe_argv,
+        env=SPAWN_ENV,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    if probe.returncode != 0:
+        why = (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
+        raise UsageError(
+            f"bwrap runtime: bubblewrap cannot create a sandbox here ({why}); user namespaces "
+            "may be disallowed for unprivileged users (sysctl kernel.unprivileged_userns_clone=1, "
+            "user.max_user_namespaces > 0, or an AppArmor userns restriction), or root lacks "
+            "CAP_SETUID to run it as an unprivileged uid"
+        )
+    for bind in config.binds if config is not None else ():
+        if not os.path.exists(bind.src):
+            raise UsageError(f"bwrap runtime: bind source {bind.src} does not exist")
+
+
+def system_binds() -> list[str]:
+    """bwrap arguments that show the host's system directories read-only, as they are laid
+    out here (merged-/usr symlinks stay symlinks)."""
+    args: list[str] = []
+    for name in SYSTEM_DIRS:
+        host = Path("/") / name
+        if host.is_symlink():
+            args += ["--symlink", os.readlink(host), str(host)]
+        elif host.is_dir():
+            args += ["--ro-bind", str(host), str(host)]
+    for name in ETC_FILES:
+        host = Path("/etc") / name
+        if host.exists():
+            args += ["--ro-bind", str(host), str(host)]
+    return args
+
+
+def as_uid(uid: int) -> list[str]:
+    """Run the rest as host `uid`/`gid` with no groups and no capabilities, dying with its
+    parent (setpriv re-arms the death signal that the uid change clears)."""
+    ids = ["--reuid", str(uid), "--regid", str(uid), "--clear-groups"]
+    return ["setpriv", *ids, "--pdeathsig", "KILL", "--"]
+
+
+def stage_argv(pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """A private mount namespace in which root binds each source onto its staging path, then
+    runs the rest: bwrap (unprivileged) binds from staging paths it can reach, and the host's
+    mount table never sees them."""
+    if not pairs:
+        return []
+    script = 'while [ "$1" != -- ]; do mount --rbind "$1" "$2" || exit 125; shift 2; done; '
+    script += 'shift; exec "$@"'
+    flat = [x for pair in pairs for x in pair]
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh",
+            *flat, "--"]  # fmt: skip
+
+
+def hand_over(path: Path, uid: int) -> None:
+    """Blocking: chown `path` and everything under it (links themselves, never followed) to
+    `uid`, so the sandbox user can write it. Root's chown also clears setuid/setgid bits."""
+    os.lchown(path, uid, uid)
+    if path.is_symlink() or not path.is_dir():
+        return
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            with contextlib.suppress(FileNotFoundError):
+                os.lchown(os.path.join(root, name), uid, uid)
