@@ -108,7 +108,21 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
         "--memory-mb",
         type=_non_negative_int,
         metavar="MB",
-        help="address space per process (docker: container memory)",
+        help="bwrap: the sandbox's total memory where a memory cgroup can be made, else per "
+        "process (default 8192); subprocess: address space per process; docker: container memory",
+    )
+    g.add_argument(
+        "--tmp-mb",
+        type=_positive_int_arg,
+        metavar="MB",
+        help="bwrap: size of the sandbox's /tmp tmpfs (default 512)",
+    )
+    g.add_argument(
+        "--env",
+        action="append",
+        metavar="NAME[=VALUE]",
+        help="pass a variable into every sandbox (NAME alone: its value in metrale's "
+        "environment); nothing else of metrale's environment reaches a sandbox (repeatable)",
     )
     g.add_argument(
         "--max-procs",
@@ -147,6 +161,33 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _positive_int_arg(text: str) -> int:
+    value = _non_negative_int(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def _env_args(items: list[str] | None) -> dict[str, str] | None:
+    """`--env NAME` (value from metrale's environment) and `--env NAME=VALUE`, in order."""
+    if not items:
+        return None
+    env: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not name or "\0" in item:
+            raise UsageError(f"--env {item!r}: expected NAME or NAME=VALUE")
+        if not sep:
+            if name not in os.environ:
+                raise UsageError(
+                    f"--env {name}: {name} is not set in metrale's environment; "
+                    f"set it or pass --env {name}=VALUE"
+                )
+            value = os.environ[name]
+        env[name] = value
+    return env
+
+
 def runtime_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """The RuntimeConfig the runtime flags describe, or None without `--runtime`."""
     from metrale.runtime import runtime_config
@@ -165,6 +206,8 @@ def runtime_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         "ro_binds": getattr(args, "ro_bind", None),
         "output_cap_bytes": getattr(args, "output_cap", None),
         "start_rate": getattr(args, "runtime_rate", None),
+        "tmp_mb": getattr(args, "tmp_mb", None),
+        "env": _env_args(getattr(args, "env", None)),
     }
     if getattr(args, "network", False):
         options["network"] = "bridge" if name == "docker" else True

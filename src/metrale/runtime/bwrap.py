@@ -71,6 +71,7 @@ from metrale.runtime.bwrap_setup import (
     leftover_cgroups,
     leftover_workdirs,
     privileged,
+    sandbox_tmpdir,
     stage_argv,
     system_binds,
 )
@@ -195,7 +196,7 @@ class BwrapRuntime(RuntimeBase):
 
     async def _start(self) -> None:
         try:
-            self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+            self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX, dir=sandbox_tmpdir()))
             binds, staging = await asyncio.to_thread(self._prepare)
         except OSError as exc:
             raise RuntimeStartError(f"cannot prepare the sandbox's directories: {exc}") from exc
@@ -221,6 +222,7 @@ class BwrapRuntime(RuntimeBase):
                 pass_fds=(write_fd,),
                 start_new_session=True,
                 env=SPAWN_ENV,
+                cwd="/",  # a shell on the way would put metrale's cwd into PWD
                 preexec_fn=die_with_us(),
             )
         except OSError as exc:

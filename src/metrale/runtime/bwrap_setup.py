@@ -46,9 +46,31 @@ _TOOLS = (("bwrap", "bubblewrap"), ("nsenter", "util-linux"), ("prlimit", "util-
 _ROOT_TOOLS = (("setpriv", "util-linux"), ("unshare", "util-linux"), ("mount", "mount"))
 
 
+def sandbox_tmpdir() -> str:
+    """Where sandbox temp dirs go: `tempfile.gettempdir()`, unless (as root) the sandbox's
+    unprivileged uid could not pass through it (e.g. a 0700 TMPDIR), then /tmp."""
+    base = tempfile.gettempdir()
+    if not privileged() or _traversable(base):
+        return base
+    return "/tmp"
+
+
+def _traversable(path: str) -> bool:
+    """Whether every directory from / to `path` lets others through (o+x)."""
+    current = Path(path).resolve()
+    for d in (current, *current.parents):
+        try:
+            if not d.stat().st_mode & 0o001:
+                return False
+        except OSError:
+            return False
+    return True
+
+
 def leftover_workdirs() -> list[Path]:
     """Sandbox temp dirs still on disk (a live run's included: check before removing)."""
-    return sorted(Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*"))
+    found = {p for d in {tempfile.gettempdir(), "/tmp"} for p in Path(d).glob(f"{WORKDIR_PREFIX}*")}
+    return sorted(found)
 
 
 def leftover_cgroups() -> list[Path]:
