@@ -326,10 +326,12 @@ class BwrapRuntime(RuntimeBase):
         return result
 
     async def _check_alive(self, result: ProgramResult) -> None:
-        """SandboxLostError when the sandbox died during the command: its result (often
-        nsenter failing to fork in a dying PID namespace) is not the command's."""
+        """SandboxLostError when the sandbox died during the command: its result (killed with
+        everything else, or nsenter failing to fork in a dying PID namespace) is not the
+        command's. PID 1 dies shortly after the rest, so those two cases wait for it briefly."""
         assert self._sandbox is not None
-        if result.exit_code != 0 and result.stderr.startswith("nsenter: "):
+        killed = result.exit_code < 0 and not result.timed_out  # e.g. by `kill -9 -1` inside
+        if killed or (result.exit_code != 0 and result.stderr.startswith("nsenter: ")):
             for _ in range(100):  # PID 1 may still be on its way out: up to 1 s
                 if not self._sandbox.alive():
                     break
