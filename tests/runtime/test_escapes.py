@@ -269,7 +269,9 @@ async def one(i):
     await asyncio.sleep(60)
 async def main(delay):
     asyncio.get_running_loop().call_later(delay, os.kill, os.getpid(), signal.SIGKILL)
-    await asyncio.gather(*(one(i) for i in range(4)))
+    for error in await asyncio.gather(*(one(i) for i in range(4)), return_exceptions=True):
+        print(repr(error), file=sys.stderr, flush=True)
+    await asyncio.sleep(60)
 asyncio.run(main(float(sys.argv[1])))
 """
 
