@@ -134,7 +134,13 @@ def system_binds() -> list[str]:
 
 def as_uid(uid: int) -> list[str]:
     """Run the rest as host `uid`/`gid` with no groups and no capabilities, dying with its
-    parent (setpriv re-arms the death signal that the uid change clears)."""
+    parent (setpriv re-arms the death signal that the uid change clears).
+
+    Residual window: a metrale killed between setpriv's setresuid and its prctl (microseconds,
+    but seen once in ~40 SIGKILL tries at load average 25) leaves an outer bwrap that waits
+    forever once its child is gone. It stays in the sandbox's cgroups, where
+    `leftover_cgroups()` finds it and `SandboxCgroup.remove()` kills it. Closing it needs the
+    uid change in our own preexec (after joining the cgroups and staging the binds there)."""
     ids = ["--reuid", str(uid), "--regid", str(uid), "--clear-groups"]
     return ["setpriv", *ids, "--pdeathsig", "KILL", "--"]
 
