@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -20,11 +21,34 @@ class Sim:
     model: str = "metrale-sim"
 
 
+#: A simulator process built from a `SimConfig` (JSON in argv[1]), for the options that the
+#: `metrale sim` command line does not expose (header delay, a required API key).
+_SIM_FROM_CONFIG = (
+    "import asyncio, json, sys\n"
+    "from metrale.endpoint.sim import SimConfig, serve_forever\n"
+    "asyncio.run(serve_forever(SimConfig(**json.loads(sys.argv[1]))))\n"
+)
+
+
 @contextlib.contextmanager
 def start_sim(*args: str) -> Iterator[Sim]:
     """Start `metrale sim --port 0 ARGS...` and yield its URL; always stop it."""
+    with _start_sim_process([sys.executable, "-m", "metrale", "sim", "--port", "0", *args]) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def start_sim_config(**config: object) -> Iterator[Sim]:
+    """Start a simulator process from `SimConfig(port=0, **config)`; always stop it."""
+    argv = [sys.executable, "-c", _SIM_FROM_CONFIG, json.dumps({"port": 0, **config})]
+    with _start_sim_process(argv) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def _start_sim_process(argv: Sequence[str]) -> Iterator[Sim]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "metrale", "sim", "--port", "0", *args],
+        list(argv),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
