@@ -112,3 +112,38 @@ def default_sigint() -> None:
     tests that press Ctrl-C on metrale must undo that.
     """
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+# --------------------------------------------------------------------------- skip ledger
+#
+# Every skipped test (and every skipped module, e.g. by importorskip) with its reason goes to
+# the pytest cache as `metrale/skips` when the session ends. CI's `scripts/check_skips.py`
+# reads it after the README's test command and fails on any skip not allowed for the machine
+# in `tests/skips_allowed.toml`: a missing extra or tool in CI must not pass as green.
+
+_SKIPS: list[dict[str, str]] = []
+
+
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _SKIPS.append({"test": report.nodeid, "reason": _skip_reason(report)})
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.skipped:
+        _SKIPS.append({"test": report.nodeid, "reason": _skip_reason(report)})
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    cache = getattr(session.config, "cache", None)
+    if cache is not None:
+        ran = session.testscollected
+        cache.set("metrale/skips", {"collected": ran, "exitstatus": int(exitstatus),
+                                    "skips": list(_SKIPS)})  # fmt: skip
