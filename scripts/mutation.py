@@ -30,6 +30,7 @@ import ast
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -56,7 +57,7 @@ MODULES: dict[str, Module] = {
     "stats": Module("src/metrale/stats.py", ("tests/test_stats.py",)),
     "client": Module(
         "src/metrale/endpoint/client.py",
-        ("tests/endpoint/test_client.py", "tests/endpoint/test_client_timing.py"),
+        ("tests/endpoint/test_client_timing.py", "tests/endpoint/test_client.py"),
     ),
     "rollout": Module("src/metrale/rollout.py", ("tests/test_rollout.py",)),
     "compare": Module("src/metrale/matrix/compare.py", ("tests/matrix/test_compare.py",)),
@@ -225,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("cosmic-ray is not installed: pip install -e '.[mutation]'", file=sys.stderr)
         return 2
+    # SIGTERM unwinds like Ctrl-C: the running mutant's test process is killed and the private
+    # copy is removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     scores = []
     with tempfile.TemporaryDirectory(prefix="metrale-mutation-") as tmp:
         work = Path(tmp)

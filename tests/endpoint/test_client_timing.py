@@ -337,7 +337,7 @@ def test_a_timeout_is_recorded_and_not_retried() -> None:
 
     async def slow(request: web.Request) -> web.StreamResponse:
         flaky.requests += 1
-        return await sse(5.0, data({"content": "late"}, "stop"), DONE)(request)
+        return await sse(1.5, data({"content": "late"}, "stop"), DONE)(request)
 
     err = failure(slow, ClientOptions(request_timeout_s=0.3, retries=2))
     assert err.kind == "timeout" and err.retries == 0 and flaky.requests == 1
