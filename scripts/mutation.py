@@ -114,7 +114,7 @@ def _scope_lines(tree: ast.Module, names: tuple[str, ...]) -> list[tuple[int, in
     ]
 
 
-def _prune(db: Path, source: Path, module: Module) -> None:
+def _prune(db: Path, source: Path, module: Module, shard: tuple[int, int] = (0, 1)) -> None:
     """Drop the mutants that are noise: unkept operators, annotations, out-of-scope lines."""
     tree = ast.parse(source.read_text())
     notes = _annotation_spans(tree)
@@ -124,7 +124,10 @@ def _prune(db: Path, source: Path, module: Module) -> None:
             "select job_id, operator_name, start_pos_row, start_pos_col from mutation_specs"
         ).fetchall()
         drop = []
-        for job, op, row, col in rows:
+        for n, (job, op, row, col) in enumerate(sorted(rows, key=lambda r: (r[2], r[3], r[1]))):
+            if n % shard[1] != shard[0]:
+                drop.append(job)
+                continue
             noise = not _kept_operator(op) or any(a <= (row, col) < b for a, b in notes)
             outside = scope is not None and not any(lo <= row <= hi for lo, hi in scope)
             if noise or outside:
@@ -171,14 +174,14 @@ class Score:
         return 100.0 * self.killed / self.total if self.total else 100.0
 
 
-def run_module(name: str, work: Path, timeout_s: float) -> Score:
+def run_module(name: str, work: Path, timeout_s: float, shard: tuple[int, int] = (0, 1)) -> Score:
     module = MODULES[name]
     cfg, db = work / f"{name}.toml", work / f"{name}.sqlite"
     cfg.write_text(_config(module, timeout_s))
     env = {**os.environ, "PYTHONPATH": str(work / "src")}
     cr = [sys.executable, "-m", "cosmic_ray.cli"]
     subprocess.run([*cr, "init", str(cfg), str(db)], cwd=work, env=env, check=True)
-    _prune(db, work / module.path, module)
+    _prune(db, work / module.path, module, shard)
     subprocess.run(["nice", "-n", "19", *cr, "exec", str(cfg), str(db)], cwd=work, env=env,
                    check=True)  # fmt: skip
     with sqlite3.connect(db) as conn:
@@ -207,6 +210,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per mutant")
     parser.add_argument("--min-score", type=float, default=0.0,
                         help="exit 1 when a module kills fewer than this percent")  # fmt: skip
+    parser.add_argument(
+        "--shard",
+        default="0/1",
+        metavar="I/N",
+        help="run every N-th mutant from the I-th (0-based): split across machines",
+    )
     parser.add_argument("--survivors", type=Path, default=Path("mutation-survivors.txt"))
     args = parser.parse_args(argv)
     if args.list:
@@ -217,6 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown module {unknown[0]!r}; choose from {', '.join(MODULES)}", file=sys.stderr)
         return 2
+    index, _, count = args.shard.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        print(f"--shard {args.shard!r} must be I/N with 0 <= I < N, e.g. 0/2", file=sys.stderr)
+        return 2
+    shard = (int(index), int(count))
     if shutil.which("nice") is None:
         print("mutation testing runs its mutants under `nice`, which is not on PATH",
               file=sys.stderr)  # fmt: skip
@@ -235,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         _copy_tree(work)
         for name in args.modules or list(MODULES):
             started = time.monotonic()
-            score = run_module(name, work, args.timeout)
+            score = run_module(name, work, args.timeout, shard)
             took = time.monotonic() - started
             print(f"{name}: {score.killed}/{score.total} killed ({score.percent:.1f}%) "
                   f"in {took:.0f} s", file=sys.stderr, flush=True)  # fmt: skip

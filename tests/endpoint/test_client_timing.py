@@ -357,3 +357,47 @@ def test_the_sim_refuses_a_missing_or_wrong_key_and_takes_the_right_one() -> Non
                 asyncio.run(go(key))
             assert info.value.kind == "http_401"
         assert asyncio.run(go("sk-right")).completion_tokens == 16
+
+
+# --------------------------------------------------------------------------- stream edges
+
+
+def test_a_last_event_without_its_blank_line_is_still_read_and_timed() -> None:
+    record = call(sse(0.2, data({"content": "x"}, "stop").rstrip(b"\n")))
+    assert record.content == "x" and record.finish_reason == "stop"
+    assert record.ttft_s is not None and 0.2 <= record.ttft_s < 5.0
+
+
+def test_the_call_ends_at_done_whatever_follows_it() -> None:
+    """Bytes after [DONE] in the same write are ignored, and the server holding the body open
+    afterwards is not part of the latency."""
+    record = call(sse(data({"content": "x"}, "stop") + DONE + b"data: {not json\n\n", 1.5))
+    assert record.content == "x"
+    assert record.latency_s is not None and record.latency_s < 1.0
+
+
+def test_data_lines_without_a_space_after_the_colon_parse() -> None:
+    record = call(sse(b'data:{"choices": [{"delta": {"content": "a"}, "finish_reason": "stop"}]}'
+                      b"\n\ndata:[DONE]\n\n"))  # fmt: skip
+    assert record.content == "a" and record.completion_tokens == 1
+
+
+def test_a_closed_client_cannot_be_used_again() -> None:
+    async def go() -> None:
+        async with serve(sse(data({"content": "x"}, "stop"), DONE)) as url:
+            client = ChatClient(Target(base_url=url, model="m"))
+            async with client:
+                assert (await client.chat(MESSAGES)).content == "x"
+            with pytest.raises(RuntimeError, match="outside 'async with'"):
+                await client.chat(MESSAGES)
+
+    asyncio.run(go())
+
+
+def test_documented_defaults() -> None:
+    assert ClientOptions().model_dump() == {
+        "request_timeout_s": 600.0, "retries": 2, "backoff_base_s": 0.25, "backoff_max_s": 8.0,
+        "stream": True,
+    }  # fmt: skip
+    record = CallRecord(started_at=1.0)
+    assert (record.retries, record.ttft_s, record.error, record.tool_calls) == (0, None, None, [])
