@@ -323,3 +323,23 @@ def test_stage_durations_are_sorted_per_stage_and_include_failed_stages() -> Non
     assert spreads["setup"].n == 3 and spreads["setup"].p50 == 0.2
     assert spreads["scoring"].min == spreads["scoring"].max == 0.5
     assert stage_spreads([])["total"].n == 0
+
+
+def test_without_runtime_retries_one_failed_start_fails_the_rollout() -> None:
+    ledger = Ledger()
+    [record] = run(plan(ledger, fail_starts=1))
+    assert record.error is not None and record.error.stage == "setup"
+    assert (record.runtime_retries, ledger.starts, ledger.stops) == (0, 1, 1)
+    [clean] = run(plan(Ledger()))
+    assert (clean.runtime_retries, clean.retries) == (0, 0)
+
+
+def test_a_long_teardown_message_is_cut_at_500_characters() -> None:
+    class LongStop(FakeRuntime):
+        async def stop(self) -> None:
+            raise RuntimeError("y" * 600)
+
+    p = RolloutPlan(benchmark="fake", count=1, make_task=lambda i: Task(Ledger(), i),
+                    make_runtime=lambda: LongStop(Ledger()))  # fmt: skip
+    [record] = run(p)
+    assert record.error is not None and record.error.message == "y" * 500

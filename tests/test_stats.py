@@ -142,3 +142,27 @@ def test_bootstrap_needs_two_samples_and_a_statistic() -> None:
         bootstrap_diff([1.0], [])
     with pytest.raises(ValueError, match="statistic of an empty sample"):
         bootstrap_diff([1.0], [2.0], lambda xs: None)
+
+
+def test_bootstrap_interval_is_the_exact_percentiles_of_the_resampled_differences() -> None:
+    """A statistic that returns 0 for A and 1, 2, ..., R for B's resamples makes the
+    differences exactly 1..R, so the interval is known: p5 and p95 of 1..101 are 6 and 96."""
+    calls = iter(range(10_000))
+
+    def stat(xs: list[float]) -> float:
+        return float(next(calls)) if len(xs) == 8 else 0.0
+
+    iv = bootstrap_diff([0.0] * 3, [0.0] * 8, stat, resamples=101, level=0.9)
+    assert (iv.estimate, iv.level) == (0.0, 0.9)
+    assert iv.low == pytest.approx(6.0, abs=1e-9) and iv.high == pytest.approx(96.0, abs=1e-9)
+
+
+def test_bootstrap_defaults_are_the_p50_2000_resamples_and_seed_0() -> None:
+    a, b = [1.0, 2.0, 3.0, 4.0, 5.0], [0.0, 0.0, 10.0, 20.0, 20.0]
+    assert bootstrap_diff(a, b).estimate == 7.0  # p50: 10 − 3 (p51 would give 7.36)
+
+    def avg(xs: list[float]) -> float:
+        return sum(xs) / len(xs)
+
+    explicit = bootstrap_diff(a, b, avg, resamples=2000, level=0.95, seed=0)
+    assert bootstrap_diff(a, b, avg) == explicit

@@ -166,8 +166,15 @@ def test_a_comparison_is_worse_when_any_row_is_and_renders_each_row() -> None:
     worse = Comparison([row("generation", "same"), row("errors", "worse")], ["d (only in B)"])
     assert worse.worse
     text = render_comparison(worse)
-    assert "500 ms" in text and "+250 ms" in text and "[+150 ms, +350 ms]" in text
-    assert "0.5" in text and "+0.25" in text
+    lines = [[x for x in line.split("  ") if x.strip()] for line in text.splitlines()[1:3]]
+    assert [x.strip() for x in lines[0]] == [
+        "c", "generation", "500 ms", "750 ms", "+250 ms", "[+150 ms, +350 ms]", "same"
+    ]  # fmt: skip
+    assert [x.strip() for x in lines[1]] == [
+        "c", "errors", "0.5", "0.75", "+0.25", "[+0.15, +0.35]", "worse"
+    ]  # fmt: skip
+    flat = render_comparison(Comparison([row("total", "same", a=1.0, diff=0.0)], []))
+    assert " +0 " not in flat and "1 s" in flat
     assert text.splitlines()[-2:] == [
         "2 rows: 1 same, 0 better, 1 worse",
         "unmatched: d (only in B)",
@@ -175,3 +182,16 @@ def test_a_comparison_is_worse_when_any_row_is_and_renders_each_row() -> None:
     csv_text = render_comparison(worse, "csv")
     assert csv_text.splitlines()[0] == "cell,metric,a,b,diff,low,high,verdict"
     assert csv_text.splitlines()[1] == "c,generation,0.5,0.75,0.25,0.15,0.35,same"
+
+
+def test_unmatched_cells_list_a_side_first_and_do_not_stop_the_matching(tmp_path: Path) -> None:
+    write_cell(tmp_path / "a", make_cell("aaa-r1", runtime="aaa", rollouts=8))  # sorts first
+    for side in ("a", "b"):
+        write_cell(tmp_path / side, make_cell("none-r64", seed=len(side)))
+    write_cell(tmp_path / "b", make_cell("zzz-r1", runtime="zzz", rollouts=8))
+    write_cell(tmp_path / "b", make_cell("zzz-r2", runtime="zzz", rollouts=9))
+    result = compare_paths(tmp_path / "a", tmp_path / "b", resamples=100)
+    assert {r.cell for r in result.rows} == {"none-r64"} and len(result.rows) == 6
+    b = tmp_path / "b"
+    assert result.unmatched == [f"aaa-r1 (only in {tmp_path / 'a'})", f"zzz-r1 (only in {b})",
+                                f"zzz-r2 (only in {b})"]  # fmt: skip
