@@ -116,3 +116,5 @@ def test_reference_answer_is_the_number_after_the_last_marker() -> None:
     assert reference_answer("#### 2 is wrong, so\n#### 1,200") == "1200"
     with pytest.raises(ValueError, match="no numeric answer: ' none'"):
         reference_answer("#### none")
+    with pytest.raises(ValueError, match="no numeric answer: 'no marker at all'"):
+        reference_answer("no marker at all")

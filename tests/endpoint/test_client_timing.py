@@ -401,3 +401,26 @@ def test_documented_defaults() -> None:
     }  # fmt: skip
     record = CallRecord(started_at=1.0)
     assert (record.retries, record.ttft_s, record.error, record.tool_calls) == (0, None, None, [])
+
+
+def test_event_and_id_lines_before_data_in_one_event_are_skipped_not_the_data() -> None:
+    record = call(sse(b"event: message\nid: 1\n" + data({"content": "a"}, "stop"), DONE))
+    assert record.content == "a" and record.completion_tokens == 1
+
+
+def test_error_messages_keep_a_bounded_prefix_of_the_body() -> None:
+    body = "x" * 400
+    err = failure(json_reply(body, status=400), ClientOptions(retries=0))
+    assert str(err) == "HTTP 400: " + "x" * 300
+    err = failure(json_reply(body, status=503), ClientOptions(retries=0))
+    assert str(err) == "HTTP 503: " + "x" * 200
+    bad = b"data: {" + b"y" * 100 + b"\n\n"
+    err = failure(sse(bad), ClientOptions(retries=0))
+    assert str(err) == f"stream chunk is not JSON: {(b'{' + b'y' * 79)!r}"
+    err = failure(sse(b"data: [" + b"1, " * 40 + b"1]\n\n"), ClientOptions(retries=0))
+    assert str(err) == f"stream chunk is not an object: {(b'[' + b'1, ' * 40)[:80]!r}"
+
+
+def test_an_error_without_a_call_record_used_no_retries() -> None:
+    assert EndpointError("timeout", "late").retries == 0
+    assert Target(base_url="http://h/v1", model="m").embedded is False
