@@ -371,7 +371,7 @@ def test_a_last_event_without_its_blank_line_is_still_read_and_timed() -> None:
 def test_the_call_ends_at_done_whatever_follows_it() -> None:
     """Bytes after [DONE] in the same write are ignored, and the server holding the body open
     afterwards is not part of the latency."""
-    record = call(sse(data({"content": "x"}, "stop") + DONE + b"data: {not json\n\n", 1.5))
+    record = call(sse(data({"content": "x"}, "stop") + DONE + b"data: {not json\n\ndata: {", 1.5))
     assert record.content == "x"
     assert record.latency_s is not None and record.latency_s < 1.0
 
