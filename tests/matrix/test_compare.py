@@ -195,3 +195,11 @@ def test_unmatched_cells_list_a_side_first_and_do_not_stop_the_matching(tmp_path
     b = tmp_path / "b"
     assert result.unmatched == [f"aaa-r1 (only in {tmp_path / 'a'})", f"zzz-r1 (only in {b})",
                                 f"zzz-r2 (only in {b})"]  # fmt: skip
+
+
+def test_the_default_tolerance_is_5_percent() -> None:
+    a = make_cell(seed=1, rollouts=400)
+    near = compare_cells(a, make_cell(seed=1, rollouts=400, scale=1.04), resamples=300)
+    assert verdicts(near)["generation"] == "same"
+    far = compare_cells(a, make_cell(seed=1, rollouts=400, scale=1.07), resamples=300)
+    assert verdicts(far)["generation"] == "worse"
