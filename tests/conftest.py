@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -20,11 +21,34 @@ class Sim:
     model: str = "metrale-sim"
 
 
+#: A simulator process built from a `SimConfig` (JSON in argv[1]), for the options that the
+#: `metrale sim` command line does not expose (header delay, a required API key).
+_SIM_FROM_CONFIG = (
+    "import asyncio, json, sys\n"
+    "from metrale.endpoint.sim import SimConfig, serve_forever\n"
+    "asyncio.run(serve_forever(SimConfig(**json.loads(sys.argv[1]))))\n"
+)
+
+
 @contextlib.contextmanager
 def start_sim(*args: str) -> Iterator[Sim]:
     """Start `metrale sim --port 0 ARGS...` and yield its URL; always stop it."""
+    with _start_sim_process([sys.executable, "-m", "metrale", "sim", "--port", "0", *args]) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def start_sim_config(**config: object) -> Iterator[Sim]:
+    """Start a simulator process from `SimConfig(port=0, **config)`; always stop it."""
+    argv = [sys.executable, "-c", _SIM_FROM_CONFIG, json.dumps({"port": 0, **config})]
+    with _start_sim_process(argv) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def _start_sim_process(argv: Sequence[str]) -> Iterator[Sim]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "metrale", "sim", "--port", "0", *args],
+        list(argv),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -88,3 +112,38 @@ def default_sigint() -> None:
     tests that press Ctrl-C on metrale must undo that.
     """
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+# --------------------------------------------------------------------------- skip ledger
+#
+# Every skipped test (and every skipped module, e.g. by importorskip) with its reason goes to
+# the pytest cache as `metrale/skips` when the session ends. CI's `scripts/check_skips.py`
+# reads it after the README's test command and fails on any skip not allowed for the machine
+# in `tests/skips_allowed.toml`: a missing extra or tool in CI must not pass as green.
+
+_SKIPS: list[dict[str, str]] = []
+
+
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _SKIPS.append({"test": report.nodeid, "reason": _skip_reason(report)})
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.skipped:
+        _SKIPS.append({"test": report.nodeid, "reason": _skip_reason(report)})
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    cache = getattr(session.config, "cache", None)
+    if cache is not None:
+        ran = session.testscollected
+        cache.set("metrale/skips", {"collected": ran, "exitstatus": int(exitstatus),
+                                    "skips": list(_SKIPS)})  # fmt: skip

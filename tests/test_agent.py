@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -152,16 +153,23 @@ def test_plain_prose_is_a_final_answer_not_a_format_error() -> None:
     assert parse_actions(reply("All done, the server works."), 1) == []
 
 
-@pytest.mark.parametrize("runtime_name", ["subprocess", "bwrap"])
+@pytest.mark.parametrize(
+    "runtime_name",
+    [
+        "subprocess",
+        pytest.param(
+            "bwrap",
+            marks=pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap not installed"),
+        ),
+    ],
+)
 def test_background_process_never_blocks(runtime_name: str) -> None:
     """A background job returns at once, redirected or not (the loop sends output to a file,
     not the runtime's pipes); a foreground hang is killed at the timeout; output is capped."""
-    configs = pytest.importorskip("metrale.runtime.configs")
+    from metrale.runtime import configs
+
     config = configs.runtime_config(runtime_name)
-    try:
-        configs.check_runtime(config)
-    except Exception as exc:
-        pytest.skip(str(exc))
+    configs.check_runtime(config)  # bwrap installed but unusable is a failure, not a skip
 
     async def go() -> Any:
         runtime = configs.create_runtime(config)
@@ -175,18 +183,24 @@ def test_background_process_never_blocks(runtime_name: str) -> None:
                 reply("done"),
             )
             agent = Agent(model, runtime, AgentConfig(command_timeout_s=2))  # type: ignore[arg-type]
-            return await agent.run("start things")
+            # A control file proves the listing below looks at the runtime's own /tmp (bwrap's
+            # is private: the host's /tmp would never show the agent's files).
+            await runtime.run("touch /tmp/metrale-agent-control.out", timeout=10)
+            result = await agent.run("start things")
+            listing = await runtime.run("ls -1 /tmp", timeout=10)
+            return result, agent._token, set(listing.stdout.split())
         finally:
             await runtime.stop()
 
-    stats = asyncio.run(go())
+    stats, token, in_tmp = asyncio.run(go())
     first, second, third, fourth = stats.commands
     assert first.duration_s < 2 and not first.timed_out and first.exit_code == 0
     assert second.duration_s < 2 and not second.timed_out
     assert third.timed_out and third.duration_s < 5
     assert fourth.exit_code == 3 and "bytes elided" in fourth.output
     assert fourth.output.startswith("exit_code: 3\n1\n2\n") and fourth.output.endswith("oops\n")
-    assert not list(Path("/tmp").glob("metrale-agent-*.out"))  # collected files are removed
+    assert "metrale-agent-control.out" in in_tmp
+    assert not [n for n in in_tmp if n.startswith(f"metrale-agent-{token}-")]  # collected, removed
     assert stats.exit_status == "submitted"
 
 

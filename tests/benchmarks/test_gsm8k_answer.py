@@ -57,3 +57,64 @@ def test_shipped_data_is_the_full_test_split_with_numeric_references() -> None:
     assert len(problems) == 1319
     assert problems[0].answer == "18"
     assert all(normalize_number(p.answer) == p.answer for p in problems)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # the last `####` wins: a model that restates the question's numbers first
+        ("#### 7\nwait, recount\n#### 9", "9"),
+        ("#### 7 #### 8 #### 9 and 4 more", "9"),
+        # a stronger marker beats a weaker one anywhere in the text
+        ("#### 5. The answer is 6. \\boxed{7}", "5"),
+        ("\\boxed{4}. The answer is 6.\nA: 8", "4"),
+        ("The answer is 6.\nA: 8\nthen 9", "6"),
+        ("A: 8\nthen 9", "8"),
+        # whitespace, dollars and bold inside each marker; a later stray number must not win
+        ("####   18 then 3", "18"),
+        ("\\boxed{ 18 } over 3 days", "18"),
+        ("\\boxed{\\$18} over 3 days", "18"),
+        ("\\boxed{$ 18} over 3 days", "18"),
+        ("the ANSWER IS: ** 42** after 7 steps", "42"),
+        ("the answer is \\$42 after 7 steps", "42"),
+        ("First 5.\n  answer :  ** 18 ** of 3", "18"),
+        ("First 5.\na: 18 of 3", "18"),
+        # the fallback: the last standalone number, not digits inside a word
+        ("costs 4 for item3", "4"),
+        ("it was -.5 then", "-0.5"),
+        ("a $.75 tip", "0.75"),
+    ],
+)
+def test_markers_priority_and_the_last_marker(text: str, expected: str) -> None:
+    assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("$1,234.50", "1234.5"),
+        ("$ 1,000.00", "1000"),
+        ("-0.50", "-0.5"),
+        ("18.000", "18"),
+        ("0.125", "0.125"),
+        ("1e3", "1000"),
+        ("-3", "-3"),
+        ("Infinity", None),
+        ("NaN", None),
+        ("", None),
+        ("twelve", None),
+    ],
+)
+def test_normalize_number(text: str, expected: str | None) -> None:
+    assert normalize_number(text) == expected
+
+
+def test_reference_answer_is_the_number_after_the_last_marker() -> None:
+    from metrale.benchmarks.gsm8k.answer import reference_answer
+
+    assert reference_answer("3 + 4 = 7\n#### 7") == "7"
+    assert reference_answer("#### 2 is wrong, so\n#### 1,200") == "1200"
+    with pytest.raises(ValueError, match="no numeric answer: ' none'"):
+        reference_answer("#### none")
+    with pytest.raises(ValueError, match="no numeric answer: 'no marker at all'"):
+        reference_answer("no marker at all")

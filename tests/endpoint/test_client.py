@@ -102,7 +102,7 @@ def test_malformed_stream_is_not_retried(sim_factory) -> None:
 
 
 def test_timeout_is_recorded_not_retried(sim_factory) -> None:
-    s = sim_factory("--ttft", "5")
+    s = sim_factory("--ttft", "1.5")
     with pytest.raises(EndpointError) as info:
         chat(s.url, ClientOptions(request_timeout_s=0.3, retries=2))
     assert info.value.kind == "timeout"

@@ -7,8 +7,18 @@ from pathlib import Path
 import pytest
 
 from metrale.errors import UsageError
-from metrale.matrix.cellfile import write_cell
-from metrale.matrix.compare import compare_cells, compare_paths, render_comparison
+from metrale.matrix.cellfile import CellResult, write_cell
+from metrale.matrix.compare import (
+    DURATION_ABS_TOL_S,
+    METRICS,
+    Comparison,
+    Metric,
+    Row,
+    compare_cells,
+    compare_paths,
+    render_comparison,
+)
+from metrale.matrix.compare import verdict as row_verdict
 from tests.matrix.helpers import make_cell
 
 
@@ -73,3 +83,123 @@ def test_mixed_or_missing_inputs_are_usage_errors(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(UsageError, match="not a metrale cell file"):
         compare_paths(tmp_path / "bad.json", tmp_path / "bad.json")
+
+
+# --------------------------------------------------------------------------- verdict boundaries
+
+LOWER = Metric("generation", lambda c: c.stage("generation"), lambda xs: None, True, 0.001)
+HIGHER = Metric("reward", lambda c: list(c.rewards), lambda xs: None, False, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("estimate", "low", "high", "a", "metric", "rel_tol", "expected"),
+    [
+        # |B−A| equal to the relative tolerance (25% of 2.0 = 0.5) is the same: inclusive.
+        (0.5, 0.4, 0.6, 2.0, LOWER, 0.25, "same"),
+        (0.5001, 0.4, 0.6, 2.0, LOWER, 0.25, "worse"),
+        (-0.5, -0.6, -0.4, 2.0, LOWER, 0.25, "same"),
+        (-0.6, -0.7, -0.5, 2.0, LOWER, 0.25, "better"),
+        # the tolerance scales with |A|: a negative A is no smaller a tolerance
+        (0.5, 0.4, 0.6, -2.0, LOWER, 0.25, "same"),
+        # below the absolute floor (1 ms for durations) nothing differs; at it, still the same
+        (0.001, 0.0005, 0.0015, 1.0, LOWER, 0.0, "same"),
+        (0.0011, 0.0005, 0.0015, 1.0, LOWER, 0.0, "worse"),
+        (0.0011, 0.0005, 0.0015, 0.0, HIGHER, 0.0, "better"),
+        # an interval that touches 0 contains it
+        (0.5, 0.0, 1.0, 1.0, LOWER, 0.0, "same"),
+        (-0.5, -1.0, 0.0, 1.0, LOWER, 0.0, "same"),
+        (0.5, 1e-9, 1.0, 1.0, LOWER, 0.0, "worse"),
+        (-0.5, -1.0, -1e-9, 1.0, LOWER, 0.0, "better"),
+        # direction: higher reward is better, more time is worse
+        (0.3, 0.2, 0.4, 0.5, HIGHER, 0.05, "better"),
+        (-0.3, -0.4, -0.2, 0.5, HIGHER, 0.05, "worse"),
+        (0.3, 0.2, 0.4, 0.5, LOWER, 0.05, "worse"),
+        (-0.3, -0.4, -0.2, 0.5, LOWER, 0.05, "better"),
+    ],
+)
+def test_verdict_boundaries(
+    estimate: float, low: float, high: float, a: float, metric: Metric, rel_tol: float,
+    expected: str,
+) -> None:  # fmt: skip
+    assert row_verdict(estimate, low, high, a, metric, rel_tol) == expected
+
+
+def test_the_metrics_their_directions_and_floors() -> None:
+    assert [(m.name, m.lower_is_better, m.abs_tol) for m in METRICS] == [
+        ("setup", True, 0.001), ("generation", True, 0.001), ("scoring", True, 0.001),
+        ("total", True, 0.001), ("errors", True, 0.0), ("reward", False, 0.0),
+    ]  # fmt: skip
+    assert DURATION_ABS_TOL_S == 0.001
+
+
+def literal_cell(name: str, gen: list[float], rewards: list[float], errors: int) -> CellResult:
+    return CellResult(
+        cell=name, benchmark="gsm8k", runtime="none", rollouts=len(gen), records=len(gen),
+        errors=errors, rewards=rewards,
+        durations={"setup": [], "generation": gen, "scoring": [], "total": gen},
+    )  # fmt: skip
+
+
+def test_rows_carry_the_literal_statistics_of_each_side() -> None:
+    a = literal_cell("x", [1.0, 2.0, 3.0, 4.0, 5.0], [0.0, 1.0, 1.0, 1.0], errors=1)
+    b = literal_cell("x", [2.0, 3.0, 4.0, 5.0, 6.0], [0.0, 0.0, 1.0, 1.0], errors=0)
+    rows = {r.metric: r for r in compare_cells(a, b, resamples=200)}
+    assert (rows["setup"].verdict, rows["setup"].a, rows["setup"].diff) == ("n/a", None, None)
+    assert rows["scoring"].verdict == "n/a"
+    gen = rows["generation"]
+    assert (gen.cell, gen.a, gen.b, gen.diff) == ("x", 3.0, 4.0, 1.0)
+    assert gen.low is not None and gen.high is not None and gen.low <= 1.0 <= gen.high
+    assert rows["total"].diff == 1.0
+    # error rate: 1 failed of 5 finished, then 0 of 5
+    assert (rows["errors"].a, rows["errors"].b, rows["errors"].diff) == (0.2, 0.0, -0.2)
+    assert (rows["reward"].a, rows["reward"].b, rows["reward"].diff) == (0.75, 0.5, -0.25)
+    named = compare_cells(a, literal_cell("y", [1.0], [1.0], 0), resamples=50)
+    assert {r.cell for r in named} == {"x vs y"}
+
+
+def test_a_comparison_is_worse_when_any_row_is_and_renders_each_row() -> None:
+    def row(metric: str, v: str, a: float = 0.5, diff: float = 0.25) -> Row:
+        return Row("c", metric, a, a + diff, diff, diff - 0.1, diff + 0.1, v)  # type: ignore[arg-type]
+
+    same = Comparison([row("generation", "same"), row("reward", "better")], [])
+    assert not same.worse
+    worse = Comparison([row("generation", "same"), row("errors", "worse")], ["d (only in B)"])
+    assert worse.worse
+    text = render_comparison(worse)
+    lines = [[x for x in line.split("  ") if x.strip()] for line in text.splitlines()[1:3]]
+    assert [x.strip() for x in lines[0]] == [
+        "c", "generation", "500 ms", "750 ms", "+250 ms", "[+150 ms, +350 ms]", "same"
+    ]  # fmt: skip
+    assert [x.strip() for x in lines[1]] == [
+        "c", "errors", "0.5", "0.75", "+0.25", "[+0.15, +0.35]", "worse"
+    ]  # fmt: skip
+    flat = render_comparison(Comparison([row("total", "same", a=1.0, diff=0.0)], []))
+    assert " +0 " not in flat and "1 s" in flat
+    assert text.splitlines()[-2:] == [
+        "2 rows: 1 same, 0 better, 1 worse",
+        "unmatched: d (only in B)",
+    ]
+    csv_text = render_comparison(worse, "csv")
+    assert csv_text.splitlines()[0] == "cell,metric,a,b,diff,low,high,verdict"
+    assert csv_text.splitlines()[1] == "c,generation,0.5,0.75,0.25,0.15,0.35,same"
+
+
+def test_unmatched_cells_list_a_side_first_and_do_not_stop_the_matching(tmp_path: Path) -> None:
+    write_cell(tmp_path / "a", make_cell("aaa-r1", runtime="aaa", rollouts=8))  # sorts first
+    for side in ("a", "b"):
+        write_cell(tmp_path / side, make_cell("none-r64", seed=len(side)))
+    write_cell(tmp_path / "b", make_cell("zzz-r1", runtime="zzz", rollouts=8))
+    write_cell(tmp_path / "b", make_cell("zzz-r2", runtime="zzz", rollouts=9))
+    result = compare_paths(tmp_path / "a", tmp_path / "b", resamples=100)
+    assert {r.cell for r in result.rows} == {"none-r64"} and len(result.rows) == 6
+    b = tmp_path / "b"
+    assert result.unmatched == [f"aaa-r1 (only in {tmp_path / 'a'})", f"zzz-r1 (only in {b})",
+                                f"zzz-r2 (only in {b})"]  # fmt: skip
+
+
+def test_the_default_tolerance_is_5_percent() -> None:
+    a = make_cell(seed=1, rollouts=400)
+    near = compare_cells(a, make_cell(seed=1, rollouts=400, scale=1.04), resamples=300)
+    assert verdicts(near)["generation"] == "same"
+    far = compare_cells(a, make_cell(seed=1, rollouts=400, scale=1.07), resamples=300)
+    assert verdicts(far)["generation"] == "worse"

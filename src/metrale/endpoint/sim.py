@@ -10,6 +10,11 @@ requests are served at once and the rest wait in arrival order before their TTFT
 `token_budget = B` all streams together emit at most B tokens/s (each token waits for its turn
 on a shared clock). `/tokenize` (and `/extras/tokenize`, llama-cpp-python's path) counts prompt
 tokens the way the simulator's usage does: whitespace-separated words.
+
+Three distinct times per streamed call (for tests that must tell TTFT from header arrival):
+the request arrives; `header_delay_s` later the response headers leave; `ttft_s` after arrival
+the first token leaves. With `api_key` set, every `/v1` route and `/tokenize` answer 401 unless
+the request carries `Authorization: Bearer <api_key>`, as a hosted API does.
 """
 
 from __future__ import annotations
@@ -42,6 +47,11 @@ class SimConfig:
     prompt_tokens: int | None = None
     max_running: int | None = None
     token_budget: float | None = None
+    #: Seconds from arrival to the response headers of a stream (clamped to `ttft_s`): with 0,
+    #: headers leave at once, as most servers send them when they accept a request.
+    header_delay_s: float = 0.0
+    #: When set, requests without `Authorization: Bearer <api_key>` get HTTP 401.
+    api_key: str | None = None
     #: Recorded turns (`metrale.endpoint.replay`) served in place of generated tokens.
     replay: list[Any] | None = None
 
@@ -50,6 +60,7 @@ class SimConfig:
 class SimStats:
     requests: int = 0
     errors: dict[str, int] = field(default_factory=dict)
+    unauthorized: int = 0
 
 
 def _tokens(config: SimConfig) -> list[str]:
@@ -73,7 +84,7 @@ class SimServer:
         self._budget_next = 0.0
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._auth])
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_post("/v1/chat/completions", self._chat)
@@ -96,6 +107,18 @@ class SimServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """401 for a missing or wrong bearer token when `api_key` is set; /health stays open."""
+        key = self.config.api_key
+        authorized = request.headers.get("Authorization") == f"Bearer {key}"
+        if key and request.path != "/health" and not authorized:
+            self.stats.unauthorized += 1
+            return web.json_response(
+                {"error": {"message": "invalid or missing API key", "type": "auth"}}, status=401
+            )
+        return await handler(request)
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -200,7 +223,10 @@ class SimServer:
                 await asyncio.sleep(self.config.itl_s * (len(tokens) - 1))
             return web.json_response(out)
         # Headers and frames are ready before the wait, as a real server sends its headers when
-        # it accepts a request: after the wait only the first token's write remains.
+        # it accepts a request: after the wait only the first token's write remains. A
+        # `header_delay_s` holds the headers back, so send, headers and first token differ.
+        if self.config.header_delay_s > 0:
+            await _sleep_until(arrived + min(self.config.header_delay_s, self.config.ttft_s))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         want_usage = self.config.usage and (body.get("stream_options") or {}).get("include_usage")

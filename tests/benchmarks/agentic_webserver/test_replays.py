@@ -106,14 +106,14 @@ def test_sandbox_is_wiped_when_its_index_runs_again(warm_cargo: WarmCache, tmp_p
 
 
 def test_missing_cargo_is_one_clear_line(sim: Any, tmp_path: Path) -> None:
+    if "cargo" in os.listdir("/usr/bin"):
+        pytest.skip("cargo is installed system-wide")
     env = {**os.environ, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     done = run_cli(
         ["run", "agentic_webserver", "--target", sim.url, "--out", str(tmp_path / "r"),
          "--no-preflight"],
         env=env, timeout=120,
     )  # fmt: skip
-    if "cargo" in os.listdir("/usr/bin"):
-        pytest.skip("cargo is installed system-wide")
     assert done.returncode == 2
     assert "needs Rust's cargo" in done.stderr and "Traceback" not in done.stderr
 

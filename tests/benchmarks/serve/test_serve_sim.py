@@ -29,7 +29,8 @@ def test_usage_present_exact_prompts_and_request_records(sim_factory, tmp_path: 
     assert m["tokens_counted"] == 0 and m["input_tokens_exact"] == 1
     assert m["prompt_tokens_mean"] == 37  # the sim tokenizes by words, the same as its usage
     assert m["output_tokens_mean"] == 8
-    assert m["tpot_ms_p50"] == pytest.approx(2.0, abs=1.5)
+    # The sim's 2 ms ITL; a loaded machine stretches it, never by 25x (seconds would read 0.002).
+    assert 1.0 <= m["tpot_ms_p50"] < 50
     rows = requests(tmp_path)
     assert sum(r["phase"] == "warmup" for r in rows) == 4
     measured = [r for r in rows if r["phase"] == "measure"]
@@ -60,7 +61,8 @@ def test_goodput_with_slos(sim_factory, tmp_path: Path) -> None:
     m = loose["metrics"]
     assert m["goodput"] == pytest.approx(m["request_throughput"])
     assert m["goodput_fraction"] == 1.0
-    assert m["ttft_ms_p50"] == pytest.approx(50.0, abs=10.0)
+    # The sim cannot answer before its 50 ms; load only adds (and stays within the 500 ms SLO).
+    assert 50.0 <= m["ttft_ms_p50"] < 500
 
 
 @pytest.mark.slow
@@ -72,9 +74,10 @@ def test_sweep_finds_the_knee_of_a_known_capacity(sim_factory, tmp_path: Path) -
                    "2.5", "--sweep-levels", "3", "--sweep-concurrency", "16",
                    "--slo", "e2e_ms=250", "--max-tokens", "10")  # fmt: skip
     m = result["metrics"]
-    assert m["l0.request_throughput"] == pytest.approx(10, rel=0.2)
+    # Capacity bounds throughput from above exactly; a loaded machine only lowers it.
+    assert 5 < m["l0.request_throughput"] <= 10.5
     # asyncio sleeps overshoot by up to 1 ms each: ~0.11 s a request, ~36 req/s.
-    assert m["saturation_throughput"] == pytest.approx(40, rel=0.2)
+    assert 20 < m["saturation_throughput"] <= 42
     assert m["l1.goodput"] < 5  # 16 queued on 4 slots: e2e ~0.4 s misses the SLO
     # Rates between ~10 and ~36/s fit the capacity: the knee is the highest of them, or the
     # next one down when a loaded machine slows the simulator's clock (never saturation).

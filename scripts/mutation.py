@@ -1,0 +1,269 @@
+"""Mutation testing of the core modules with cosmic-ray: how many small bugs do the tests catch?
+
+Each module is mutated in a private copy of the work tree (never in place: an interrupted run
+must not leave a mutant behind in the sources), and each mutant runs only that module's fast
+test files, under `nice -n 19`, so that a shared 2-core machine stays usable. `PYTHONPATH`
+points at the copy, so the tests that start `python -m metrale` in a child process run the
+mutant too.
+
+The mutant set is cosmic-ray's core operators, trimmed to the mutations a reviewer would try by
+hand: a comparison moved to its boundary neighbour or negated (`<` <-> `<=`, `==` <-> `!=`,
+`is` <-> `is not`, `in` <-> `not in`), arithmetic swapped with its inverse (`+` <-> `-`,
+`*` <-> `/`, ...), numbers off by one, `not` added or removed, `and` <-> `or`, `True` <->
+`False`, `break` <-> `continue`, a loop that runs zero times, an `except` that catches nothing,
+a decorator removed. Cosmic-ray's other binary swaps (`-` -> `<<`, `*` -> `^`, ...) crash at
+once and only inflate the score; mutants inside type annotations change nothing (the modules
+use `from __future__ import annotations`), so both are dropped before the run.
+
+    python scripts/mutation.py                 # every module, score table on stdout
+    python scripts/mutation.py stats rollout   # some modules
+    python scripts/mutation.py --list          # modules and their test files
+
+Survivors (module, line, operator and the diff) go to `mutation-survivors.txt` in the current
+directory. Needs the `mutation` extra (`pip install -e '.[dev,mutation]'`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Module:
+    path: str
+    tests: tuple[str, ...]
+    #: When set, only mutants inside these top-level functions (or classes) count.
+    scope: tuple[str, ...] = ()
+
+
+MODULES: dict[str, Module] = {
+    "answer": Module(
+        "src/metrale/benchmarks/gsm8k/answer.py", ("tests/benchmarks/test_gsm8k_answer.py",)
+    ),
+    "stats": Module("src/metrale/stats.py", ("tests/test_stats.py",)),
+    "client": Module(
+        "src/metrale/endpoint/client.py",
+        ("tests/endpoint/test_client_timing.py", "tests/endpoint/test_client.py"),
+    ),
+    "rollout": Module("src/metrale/rollout.py", ("tests/test_rollout.py",)),
+    "compare": Module("src/metrale/matrix/compare.py", ("tests/matrix/test_compare.py",)),
+    "budgets": Module(
+        "src/metrale/plugin.py",
+        ("tests/test_budgets.py",),
+        scope=("check_bounds", "load_budgets", "Verdict", "_value_text", "_num_text"),
+    ),
+}
+
+#: Binary operator swaps kept (cosmic-ray names): each operator to its inverse or neighbour.
+_BINARY_KEPT = {
+    ("Add", "Sub"), ("Sub", "Add"), ("Mul", "Div"), ("Div", "Mul"), ("FloorDiv", "Div"),
+    ("Mod", "FloorDiv"), ("Pow", "Mul"), ("BitOr", "BitAnd"), ("BitAnd", "BitOr"),
+}  # fmt: skip
+#: Comparison swaps kept: the boundary neighbour and the negation.
+_COMPARE_KEPT = {
+    ("Lt", "LtE"), ("LtE", "Lt"), ("Gt", "GtE"), ("GtE", "Gt"), ("Lt", "GtE"), ("LtE", "Gt"),
+    ("Gt", "LtE"), ("GtE", "Lt"), ("Eq", "NotEq"), ("NotEq", "Eq"), ("Is", "IsNot"),
+    ("IsNot", "Is"), ("In", "NotIn"), ("NotIn", "In"),
+}  # fmt: skip
+
+
+def _kept_operator(name: str) -> bool:
+    op = name.removeprefix("core/")
+    for prefix, kept in (("ReplaceBinaryOperator_", _BINARY_KEPT),
+                         ("ReplaceComparisonOperator_", _COMPARE_KEPT)):  # fmt: skip
+        if op.startswith(prefix):
+            src, _, dst = op.removeprefix(prefix).partition("_")
+            return (src, dst) in kept
+    return not op.startswith(("VariableInserter", "VariableReplacer"))
+
+
+def _annotation_spans(tree: ast.AST) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    spans = []
+    for node in ast.walk(tree):
+        notes: list[ast.expr | None] = []
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            notes.append(node.returns)
+        elif isinstance(node, ast.arg | ast.AnnAssign):
+            notes.append(node.annotation)
+        for n in notes:
+            if n is not None and n.end_lineno is not None and n.end_col_offset is not None:
+                spans.append(((n.lineno, n.col_offset), (n.end_lineno, n.end_col_offset)))
+    return spans
+
+
+def _scope_lines(tree: ast.Module, names: tuple[str, ...]) -> list[tuple[int, int]]:
+    return [
+        (node.lineno, node.end_lineno or node.lineno)
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        and node.name in names
+    ]
+
+
+def _prune(db: Path, source: Path, module: Module, shard: tuple[int, int] = (0, 1)) -> None:
+    """Drop the mutants that are noise: unkept operators, annotations, out-of-scope lines."""
+    tree = ast.parse(source.read_text())
+    notes = _annotation_spans(tree)
+    scope = _scope_lines(tree, module.scope) if module.scope else None
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute(
+            "select job_id, operator_name, start_pos_row, start_pos_col from mutation_specs"
+        ).fetchall()
+        drop = []
+        for n, (job, op, row, col) in enumerate(sorted(rows, key=lambda r: (r[2], r[3], r[1]))):
+            if n % shard[1] != shard[0]:
+                drop.append(job)
+                continue
+            noise = not _kept_operator(op) or any(a <= (row, col) < b for a, b in notes)
+            outside = scope is not None and not any(lo <= row <= hi for lo, hi in scope)
+            if noise or outside:
+                drop.append(job)
+        conn.executemany("delete from mutation_specs where job_id = ?", [(j,) for j in drop])
+        conn.executemany("delete from work_items where job_id = ?", [(j,) for j in drop])
+
+
+def _copy_tree(dest: Path) -> None:
+    for name in ("src", "tests", "pyproject.toml"):
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, dest / name)
+
+
+def _config(module: Module, timeout_s: float) -> str:
+    tests = " ".join(module.tests)
+    command = (
+        f"{sys.executable} -m pytest -x -q -p no:cacheprovider -p no:randomly "
+        f"--timeout {int(timeout_s)} {tests}"
+    )
+    return (
+        "[cosmic-ray]\n"
+        f"module-path = {json.dumps(module.path)}\n"
+        f"timeout = {timeout_s}\n"
+        "excluded-modules = []\n"
+        f"test-command = {json.dumps(command)}\n"
+        "[cosmic-ray.distributor]\n"
+        'name = "local"\n'
+    )
+
+
+@dataclass
+class Score:
+    name: str
+    total: int
+    killed: int
+    survivors: list[tuple[int, str, str]]
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.killed / self.total if self.total else 100.0
+
+
+def run_module(name: str, work: Path, timeout_s: float, shard: tuple[int, int] = (0, 1)) -> Score:
+    module = MODULES[name]
+    cfg, db = work / f"{name}.toml", work / f"{name}.sqlite"
+    cfg.write_text(_config(module, timeout_s))
+    env = {**os.environ, "PYTHONPATH": str(work / "src")}
+    cr = [sys.executable, "-m", "cosmic_ray.cli"]
+    subprocess.run([*cr, "init", str(cfg), str(db)], cwd=work, env=env, check=True)
+    _prune(db, work / module.path, module, shard)
+    subprocess.run(["nice", "-n", "19", *cr, "exec", str(cfg), str(db)], cwd=work, env=env,
+                   check=True)  # fmt: skip
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute(
+            "select s.start_pos_row, s.operator_name, r.test_outcome, r.worker_outcome, r.diff "
+            "from mutation_specs s join work_results r on r.job_id = s.job_id"
+        ).fetchall()
+    killed = sum(1 for r in rows if _is_killed(r[2], r[3]))
+    survivors = sorted(
+        (row, op.removeprefix("core/"), diff or "")
+        for row, op, test, worker, diff in rows
+        if not _is_killed(test, worker)
+    )
+    return Score(name, len(rows), killed, survivors)
+
+
+def _is_killed(test_outcome: str | None, worker_outcome: str | None) -> bool:
+    """A test failed on the mutant, or the mutant hung past the timeout."""
+    return (test_outcome or "").upper() == "KILLED" or (worker_outcome or "").upper() == "TIMEOUT"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("modules", nargs="*", help=f"default: all of {', '.join(MODULES)}")
+    parser.add_argument("--list", action="store_true", help="show modules and their tests")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per mutant")
+    parser.add_argument("--min-score", type=float, default=0.0,
+                        help="exit 1 when a module kills fewer than this percent")  # fmt: skip
+    parser.add_argument(
+        "--shard",
+        default="0/1",
+        metavar="I/N",
+        help="run every N-th mutant from the I-th (0-based): split across machines",
+    )
+    parser.add_argument("--survivors", type=Path, default=Path("mutation-survivors.txt"))
+    args = parser.parse_args(argv)
+    if args.list:
+        for name, m in MODULES.items():
+            print(f"{name:8} {m.path}  <- {' '.join(m.tests)}")
+        return 0
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown:
+        print(f"unknown module {unknown[0]!r}; choose from {', '.join(MODULES)}", file=sys.stderr)
+        return 2
+    index, _, count = args.shard.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        print(f"--shard {args.shard!r} must be I/N with 0 <= I < N, e.g. 0/2", file=sys.stderr)
+        return 2
+    shard = (int(index), int(count))
+    if shutil.which("nice") is None:
+        print("mutation testing runs its mutants under `nice`, which is not on PATH",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        import cosmic_ray  # noqa: F401
+    except ImportError:
+        print("cosmic-ray is not installed: pip install -e '.[mutation]'", file=sys.stderr)
+        return 2
+    # SIGTERM unwinds like Ctrl-C: the running mutant's test process is killed and the private
+    # copy is removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    scores = []
+    with tempfile.TemporaryDirectory(prefix="metrale-mutation-") as tmp:
+        work = Path(tmp)
+        _copy_tree(work)
+        for name in args.modules or list(MODULES):
+            started = time.monotonic()
+            score = run_module(name, work, args.timeout, shard)
+            took = time.monotonic() - started
+            print(f"{name}: {score.killed}/{score.total} killed ({score.percent:.1f}%) "
+                  f"in {took:.0f} s", file=sys.stderr, flush=True)  # fmt: skip
+            scores.append(score)
+    print("| module | file | mutants | killed | score |")
+    print("| --- | --- | --- | --- | --- |")
+    for s in scores:
+        print(f"| {s.name} | {MODULES[s.name].path} | {s.total} | {s.killed} | {s.percent:.1f}% |")
+    with args.survivors.open("w") as out:
+        for s in scores:
+            for row, op, diff in s.survivors:
+                out.write(f"== {s.name} {MODULES[s.name].path}:{row} {op}\n{diff}\n")
+    return 1 if any(s.percent < args.min_score for s in scores) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

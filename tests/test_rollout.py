@@ -1,0 +1,345 @@
+"""The rollout driver through its public entry, `run_rollouts`, with a fake task and runtime.
+
+Every expectation here is a literal or a bound the test itself sets (a sleep it asked for, a
+count of calls it made): nothing is computed by the driver under test. The fakes count what
+the driver does to them, so a runtime that is not stopped on some path fails a test, whatever
+the runtime's real implementation is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from metrale.rollout import (
+    Progress,
+    RolloutContext,
+    RolloutPlan,
+    RolloutRecord,
+    StageTiming,
+    run_rollouts,
+    stage_durations,
+    stage_spreads,
+)
+
+
+@dataclass
+class Ledger:
+    """What the fakes saw, shared by every rollout of one test."""
+
+    starts: int = 0
+    stops: int = 0
+    running: int = 0
+    peak: int = 0
+    events: list[str] = field(default_factory=list)
+
+
+class FakeRuntime:
+    """Counts start() and stop(); fails its first `fail_starts` starts (shared by the ledger)."""
+
+    def __init__(self, ledger: Ledger, fail_starts: int = 0, fail_stop: bool = False) -> None:
+        self.ledger, self.fail_starts, self.fail_stop = ledger, fail_starts, fail_stop
+
+    async def start(self) -> None:
+        self.ledger.starts += 1
+        if self.ledger.starts <= self.fail_starts:
+            raise RuntimeError(f"start {self.ledger.starts} failed")
+
+    async def stop(self) -> None:
+        self.ledger.stops += 1
+        if self.fail_stop:
+            raise RuntimeError("teardown failed")
+
+
+class Boom(Exception):
+    """A stage failure carrying the attributes the driver reads off endpoint errors."""
+
+    def __init__(self, message: str, kind: str | None = None, retries: int = 0) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.retries = retries
+
+
+class Task:
+    """Three stages that sleep, record what ran, and raise where told to."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        index: int,
+        *,
+        fail: str | None = None,
+        exc: BaseException | None = None,
+        sleep_s: float = 0.0,
+        reward: float | None = 1.0,
+    ) -> None:
+        self.ledger, self.index, self.fail = ledger, index, fail
+        self.exc = exc or Boom(f"{fail} broke")
+        self.sleep_s, self.reward = sleep_s, reward
+
+    async def _stage(self, name: str, ctx: RolloutContext) -> None:
+        self.ledger.events.append(f"{self.index}:{name}")
+        await asyncio.sleep(self.sleep_s)
+        if self.fail == name:
+            raise self.exc
+
+    async def setup(self, ctx: RolloutContext) -> None:
+        await self._stage("setup", ctx)
+
+    async def generate(self, ctx: RolloutContext) -> None:
+        self.ledger.running += 1
+        self.ledger.peak = max(self.ledger.peak, self.ledger.running)
+        try:
+            await self._stage("generation", ctx)
+        finally:
+            self.ledger.running -= 1
+
+    async def score(self, ctx: RolloutContext) -> None:
+        await self._stage("scoring", ctx)
+        ctx.record.reward = self.reward
+
+
+def plan(ledger: Ledger, count: int = 1, **kw: Any) -> RolloutPlan:
+    task_kw = {k: kw.pop(k) for k in ("fail", "exc", "sleep_s", "reward") if k in kw}
+    runtime_kw = {k: kw.pop(k) for k in ("fail_starts", "fail_stop") if k in kw}
+    with_runtime = kw.pop("with_runtime", True)
+    return RolloutPlan(
+        benchmark="fake",
+        count=count,
+        make_task=lambda i: Task(ledger, i, **task_kw),
+        make_runtime=(lambda: FakeRuntime(ledger, **runtime_kw)) if with_runtime else None,
+        runtime_name="fake-rt" if with_runtime else None,
+        **kw,
+    )
+
+
+def run(p: RolloutPlan, progress: Progress | None = None) -> list[RolloutRecord]:
+    return asyncio.run(run_rollouts(p, progress))
+
+
+# --------------------------------------------------------------------------- stop on every path
+
+
+@pytest.mark.parametrize("fail", [None, "setup", "generation", "scoring"])
+def test_every_started_runtime_is_stopped_once_whatever_stage_fails(fail: str | None) -> None:
+    ledger = Ledger()
+    records = run(plan(ledger, count=3, fail=fail))
+    assert ledger.starts == 3 and ledger.stops == 3
+    assert [r.error.stage if r.error else None for r in records] == [fail] * 3
+
+
+def test_a_non_exception_failure_still_stops_the_runtime() -> None:
+    ledger = Ledger()
+    with pytest.raises(KeyboardInterrupt):
+        run(plan(ledger, count=1, fail="generation", exc=KeyboardInterrupt()))
+    assert ledger.starts == 1 and ledger.stops == 1
+
+
+def test_a_cancelled_run_stops_every_runtime_it_started() -> None:
+    ledger = Ledger()
+
+    async def go() -> None:
+        task = asyncio.create_task(run_rollouts(plan(ledger, count=4, sleep_s=30)))
+        for _ in range(200):  # bounded: until all four rollouts are inside their setup
+            if ledger.starts == 4 and len(ledger.events) == 4:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+    assert ledger.starts == 4 and ledger.stops == 4
+
+
+def test_a_failed_start_is_stopped_and_retried_up_to_the_limit() -> None:
+    ledger = Ledger()
+    [record] = run(plan(ledger, fail_starts=2, runtime_retries=2))
+    assert record.error is None and record.runtime_retries == 2
+    assert ledger.starts == 3 and ledger.stops == 3  # two failed starts and the good one
+    assert ledger.events == ["0:setup", "0:generation", "0:scoring"]
+
+
+def test_a_start_failing_past_its_retries_is_a_setup_error_and_no_task_stage_runs() -> None:
+    ledger = Ledger()
+    [record] = run(plan(ledger, fail_starts=5, runtime_retries=1))
+    assert record.error is not None
+    assert (record.error.type, record.error.stage) == ("RuntimeError", "setup")
+    assert record.error.message == "start 2 failed"
+    assert record.runtime_retries == 1
+    assert ledger.starts == 2 and ledger.stops == 2
+    assert ledger.events == []
+    assert set(record.stages) == {"setup"}
+
+
+def test_a_failing_stop_is_the_rollouts_error_unless_it_already_has_one() -> None:
+    [clean] = run(plan(Ledger(), fail_stop=True))
+    assert clean.error is not None
+    assert (clean.error.type, clean.error.message) == ("runtime_stop", "teardown failed")
+    [failed] = run(plan(Ledger(), fail_stop=True, fail="scoring"))
+    assert failed.error is not None and failed.error.type == "Boom"
+    assert failed.error.stage == "scoring"
+
+
+def test_no_runtime_means_no_start_and_no_stop() -> None:
+    ledger = Ledger()
+    [record] = run(plan(ledger, with_runtime=False))
+    assert record.runtime is None and record.error is None
+    assert ledger.starts == 0 and ledger.stops == 0
+
+
+# --------------------------------------------------------------------------- records and clocks
+
+
+def test_stage_clocks_cover_each_stage_in_order() -> None:
+    before_wall = time.time()
+    before = time.perf_counter()
+    [record] = run(plan(Ledger(), sleep_s=0.05))
+    elapsed = time.perf_counter() - before
+    after_wall = time.time()
+    assert list(record.stages) == ["setup", "generation", "scoring"]
+    setup, gen, score = (record.stages[s] for s in ("setup", "generation", "scoring"))
+    for t in (setup, gen, score):
+        assert t.duration_s >= 0.05  # the task slept 50 ms in each stage
+        assert t.duration_s == pytest.approx(t.end_s - t.start_s, abs=1e-9)
+        assert 0 <= t.start_s < t.end_s <= elapsed
+        assert before_wall <= t.started_at <= after_wall
+    assert setup.end_s <= gen.start_s and gen.end_s <= score.start_s
+    assert gen.started_at >= setup.started_at + 0.05
+    assert record.total_s is not None
+    assert record.total_s == pytest.approx(score.end_s - setup.start_s, abs=1e-9)
+    assert record.total_s >= 0.15
+    assert before_wall <= record.started_at <= setup.started_at
+
+
+def test_a_failed_stage_is_clocked_and_the_later_ones_do_not_run() -> None:
+    ledger = Ledger()
+    [record] = run(plan(ledger, fail="generation", sleep_s=0.02))
+    assert list(record.stages) == ["setup", "generation"]
+    assert record.stages["generation"].duration_s >= 0.02
+    assert record.total_s is not None and record.total_s >= 0.04
+    assert record.reward is None
+    assert ledger.events == ["0:setup", "0:generation"]
+
+
+def test_records_name_the_run_benchmark_index_and_runtime() -> None:
+    seen: list[RolloutRecord] = []
+    records = run(plan(Ledger(), count=3, run_id="r7", on_record=seen.append))
+    assert [r.id for r in records] == ["r7-0", "r7-1", "r7-2"]
+    assert [r.index for r in records] == [0, 1, 2]
+    assert {r.benchmark for r in records} == {"fake"}
+    assert {r.runtime for r in records} == {"fake-rt"}
+    assert sorted(r.id for r in seen) == ["r7-0", "r7-1", "r7-2"]
+    assert all(r.error is None and r.reward == 1.0 for r in records)
+
+
+def test_records_come_back_in_index_order_and_on_record_sees_them_as_they_end() -> None:
+    class Staggered(Task):
+        async def generate(self, ctx: RolloutContext) -> None:
+            await asyncio.sleep(0.05 * (3 - self.index))  # index 2 ends first
+
+    ledger = Ledger()
+    seen: list[int] = []
+    p = RolloutPlan(
+        benchmark="fake", count=3, make_task=lambda i: Staggered(ledger, i),
+        on_record=lambda r: seen.append(r.index),
+    )  # fmt: skip
+    records = run(p)
+    assert [r.index for r in records] == [0, 1, 2]
+    assert seen == [2, 1, 0]
+
+
+def test_errors_keep_type_kind_message_stage_and_retries() -> None:
+    [kinded] = run(plan(Ledger(), fail="generation", exc=Boom("HTTP 500", "http_500", 2)))
+    assert kinded.error is not None
+    assert kinded.error.model_dump() == {
+        "type": "http_500", "message": "HTTP 500", "stage": "generation"
+    }  # fmt: skip
+    assert kinded.retries == 2
+    [plain] = run(plan(Ledger(), fail="scoring", exc=ValueError("")))
+    assert plain.error is not None
+    assert plain.error.model_dump() == {"type": "ValueError", "message": "ValueError",
+                                        "stage": "scoring"}  # fmt: skip
+    assert plain.retries == 0
+    [long] = run(plan(Ledger(), fail="setup", exc=ValueError("x" * 600)))
+    assert long.error is not None and long.error.message == "x" * 500
+
+
+def test_progress_counts_done_errors_and_mean_reward() -> None:
+    ledger = Ledger()
+
+    def make(i: int) -> Task:
+        if i == 0:
+            return Task(ledger, i, fail="generation")
+        return Task(ledger, i, reward=[0.0, 1.0, 0.5, None][i - 1])
+
+    progress = Progress()
+    records = run(RolloutPlan(benchmark="fake", count=5, make_task=make), progress)
+    assert (progress.done, progress.errors, progress.rewarded) == (5, 1, 3)
+    assert progress.reward_sum == 1.5 and progress.mean_reward == 0.5
+    assert len(progress.records) == 5 and len(records) == 5
+    assert Progress().mean_reward is None
+
+
+@pytest.mark.parametrize(("cap", "peak"), [(1, 1), (2, 2), (None, 6)])
+def test_max_concurrent_bounds_how_many_generate_at_once(cap: int | None, peak: int) -> None:
+    ledger = Ledger()
+    run(plan(ledger, count=6, sleep_s=0.05, max_concurrent=cap, with_runtime=False))
+    assert ledger.peak == peak
+
+
+# --------------------------------------------------------------------------- summaries
+
+
+def _timing(duration: float) -> StageTiming:
+    return StageTiming(started_at=0.0, start_s=1.0, end_s=1.0 + duration, duration_s=duration)
+
+
+def _record(index: int, **durations: float) -> RolloutRecord:
+    return RolloutRecord(
+        id=f"r-{index}", benchmark="fake", index=index, started_at=0.0,
+        stages={k: _timing(v) for k, v in durations.items() if k != "total"},
+        total_s=durations.get("total"),
+    )  # fmt: skip
+
+
+def test_stage_durations_are_sorted_per_stage_and_include_failed_stages() -> None:
+    records = [
+        _record(0, setup=0.3, generation=2.0, scoring=0.5, total=2.8),
+        _record(1, setup=0.1, generation=1.0, total=1.1),  # failed in generation
+        _record(2, setup=0.2),  # no total: it never finished a stage clock
+    ]
+    assert stage_durations(records) == {
+        "setup": [0.1, 0.2, 0.3],
+        "generation": [1.0, 2.0],
+        "scoring": [0.5],
+        "total": [1.1, 2.8],
+    }
+    spreads = stage_spreads(records)
+    assert spreads["setup"].n == 3 and spreads["setup"].p50 == 0.2
+    assert spreads["scoring"].min == spreads["scoring"].max == 0.5
+    assert stage_spreads([])["total"].n == 0
+
+
+def test_without_runtime_retries_one_failed_start_fails_the_rollout() -> None:
+    ledger = Ledger()
+    [record] = run(plan(ledger, fail_starts=1))
+    assert record.error is not None and record.error.stage == "setup"
+    assert (record.runtime_retries, ledger.starts, ledger.stops) == (0, 1, 1)
+    [clean] = run(plan(Ledger()))
+    assert (clean.runtime_retries, clean.retries) == (0, 0)
+
+
+def test_a_long_teardown_message_is_cut_at_500_characters() -> None:
+    class LongStop(FakeRuntime):
+        async def stop(self) -> None:
+            raise RuntimeError("y" * 600)
+
+    p = RolloutPlan(benchmark="fake", count=1, make_task=lambda i: Task(Ledger(), i),
+                    make_runtime=lambda: LongStop(Ledger()))  # fmt: skip
+    [record] = run(p)
+    assert record.error is not None and record.error.message == "y" * 500
