@@ -395,6 +395,8 @@ def cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
     from metrale.plugin import load_budgets
     from metrale.table import render
 
+    if args.resume is not None and args.benchmark is not None:
+        extra = _reclaim_positional(args, extra)
     raw: dict[str, object] = dict(parse_bench_args(extra, args.param))
     runtime = runtime_from_args(args)
     options = client_options(args)
@@ -462,6 +464,24 @@ def cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
     if args.json:
         print(outcome.model_dump_json(indent=2))
     return outcome.exit_code
+
+
+def _reclaim_positional(args: argparse.Namespace, extra: Sequence[str]) -> list[str]:
+    """`run --resume DIR --rollouts 9`: argparse takes `9` for the (optional) benchmark id.
+    A value that names no benchmark goes back after the first parameter flag left without
+    one."""
+    from metrale.plugin import discover
+
+    tokens = list(extra)
+    if args.benchmark in discover():
+        return tokens
+    for i, tok in enumerate(tokens):
+        bare = tok.startswith("--") and "=" not in tok
+        if bare and (i + 1 == len(tokens) or tokens[i + 1].startswith("--")):
+            tokens.insert(i + 1, args.benchmark)
+            args.benchmark = None
+            break
+    return tokens
 
 
 def cmd_list(args: argparse.Namespace, extra: Sequence[str]) -> int:

@@ -286,6 +286,7 @@ class Artifacts:
 
     run_dir: Path
     _fds: dict[str, int] = field(default_factory=dict, repr=False)
+    _sizes: dict[str, int] = field(default_factory=dict, repr=False)
 
     def path(self, name: str) -> Path:
         return self.run_dir / name
@@ -296,7 +297,8 @@ class Artifacts:
         if name not in self._fds:
             try:
                 flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-                self._fds[name] = os.open(self.run_dir / name, flags, 0o644)
+                self._fds[name] = fd = os.open(self.run_dir / name, flags, 0o644)
+                self._sizes[name] = os.fstat(fd).st_size  # appends only: we track the end
             except OSError as exc:
                 where = self.run_dir / name
                 raise RecordWriteError(f"cannot open {where}: {exc.strerror}") from None
@@ -310,11 +312,12 @@ class Artifacts:
         self.open(name)
         fd = self._fds[name]
         data = (record.model_dump_json() + "\n").encode()
-        offset = os.lseek(fd, 0, os.SEEK_END)
+        offset = self._sizes[name]
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
+            self._sizes[name] = offset + len(data)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, offset)  # no torn line: the file ends at the last whole record
