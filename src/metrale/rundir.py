@@ -40,9 +40,13 @@ def check_new(path: Path, *, overwrite: bool) -> list[str]:
     """Refuse, touching nothing, a path a new run may not use; the earlier run's files held."""
     if str(path) == "":
         raise UsageError("--out is empty; accepted: a directory path")
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"run directory {path} exists and is not a directory")
-    held = [name for name in RUN_FILES if (path / name).exists()]
+    try:
+        is_dir = path.is_dir()
+        if path.exists() and not is_dir:
+            raise UsageError(f"run directory {path} exists and is not a directory")
+        held = [name for name in RUN_FILES if is_dir and (path / name).exists()]
+    except OSError as exc:
+        raise UsageError(f"run directory {path} cannot be used: {exc.strerror}") from None
     if held and not overwrite:
         raise UsageError(
             f"run directory {path} already holds a run ({', '.join(held)}); "
