@@ -82,11 +82,15 @@ def _start_private_cluster() -> None:
     sockets, logs) lives in a temporary directory removed at exit, authenticated by a token
     that lives only in this process's environment (inherited by its Ray workers), never on
     disk. A user's own RAY_AUTH_* settings are respected."""
-    temp = tempfile.mkdtemp(prefix="metrale-ray-")
+    # Ray's socket paths (temp/session_<stamp>/sockets/plasma_store) must fit AF_UNIX's 107
+    # bytes: a long TMPDIR gives way to /tmp.
+    base = tempfile.gettempdir()
+    temp = tempfile.mkdtemp(prefix="metrale-ray-", dir=base if len(base) <= 32 else "/tmp")
     saved = {name: os.environ.get(name) for name in _AUTH_ENV}
     if all(v is None for v in saved.values()):
         os.environ["RAY_AUTH_MODE"] = "token"
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+        _reload_ray_auth()
     try:
         ray.init(
             address="local",
@@ -101,6 +105,16 @@ def _start_private_cluster() -> None:
     atexit.register(_stop_private_cluster, temp, saved)
 
 
+def _reload_ray_auth() -> None:
+    """Ray reads its auth settings once, at import: make this process see the new ones (what
+    Ray itself does when it turns token auth on). A Ray without token auth has neither."""
+    with contextlib.suppress(ImportError, AttributeError):
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+
+
 def _stop_private_cluster(temp: str, saved: dict[str, str | None]) -> None:
     with contextlib.suppress(Exception):
         ray.shutdown()
@@ -109,6 +123,7 @@ def _stop_private_cluster(temp: str, saved: dict[str, str | None]) -> None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+    _reload_ray_auth()
     shutil.rmtree(temp, ignore_errors=True)
 
 
