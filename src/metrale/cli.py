@@ -50,6 +50,19 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    value = _non_negative_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0..65535)")
+    return value
+
+
+def _out_dir(text: str) -> Path:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; accepted: a directory path")
+    return Path(text)
+
+
 def add_target_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("target")
     g.add_argument(
@@ -73,6 +86,14 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
         help="seconds per request, server-side queueing included (default 600)",
     )
     g.add_argument("--no-stream", action="store_true", help="non-streaming calls")  # fmt: skip
+    g.add_argument(
+        "--max-response-kb",
+        type=_non_negative_int,
+        default=None,
+        metavar="KB",
+        help="largest response body kept per call; beyond it the call fails as "
+        "response_too_large (default: 16 KiB + 4 KiB per max_tokens token, 0 = no cap)",
+    )
 
 
 def add_runtime_args(p: argparse.ArgumentParser) -> None:
@@ -233,7 +254,9 @@ def build_parser() -> _Parser:
         description="Run a benchmark. Benchmark parameters are flags too: "
         "--rollouts 8, or -p rollouts=8 (see 'metrale list').",
     )
-    run.add_argument("benchmark", help="benchmark id (see 'metrale list')")
+    run.add_argument(
+        "benchmark", nargs="?", help="benchmark id (see 'metrale list'); none with --resume"
+    )
     run.add_argument(
         "-p",
         "--param",
@@ -246,9 +269,25 @@ def build_parser() -> _Parser:
     add_runtime_args(run)
     run.add_argument(
         "--out",
-        type=Path,
+        type=_out_dir,
         metavar="DIR",
-        help="run directory (default runs/<UTC timestamp>-<benchmark>)",
+        help="run directory (default runs/<UTC timestamp>-<benchmark>); one that holds an "
+        "earlier run is refused unless --overwrite",
+    )
+    run.add_argument(
+        "--overwrite", action="store_true", help="replace the earlier run held in --out"
+    )
+    run.add_argument(
+        "--resume",
+        type=_out_dir,
+        metavar="RUN_DIR",
+        help="finish an earlier run: run only its missing rollouts, with its run.json settings",
+    )
+    run.add_argument(
+        "--retry-errors",
+        action="store_true",
+        help="with --resume: run the failed rollouts again too (their old records move to "
+        "retried.jsonl)",
     )
     run.add_argument(
         "--budgets",
@@ -266,7 +305,7 @@ def build_parser() -> _Parser:
 
     sim = sub.add_parser("sim", help="serve the deterministic simulator endpoint")
     sim.add_argument("--host", default="127.0.0.1")
-    sim.add_argument("--port", type=_non_negative_int, default=8000, help="0 picks a free port")
+    sim.add_argument("--port", type=_port, default=8000, help="0 picks a free port")
     sim.add_argument("--model", default="metrale-sim")
     sim.add_argument("--ttft", type=float, default=0.0, metavar="S", help="time to first token")
     sim.add_argument("--itl", type=float, default=0.0, metavar="S", help="inter-token delay")
@@ -384,7 +423,10 @@ def client_options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from metrale.endpoint.client import ClientOptions
 
     return ClientOptions(
-        request_timeout_s=args.request_timeout, retries=args.retries, stream=not args.no_stream
+        request_timeout_s=args.request_timeout,
+        retries=args.retries,
+        stream=not args.no_stream,
+        max_response_bytes=None if args.max_response_kb is None else args.max_response_kb * 1024,
     )
 
 
@@ -396,12 +438,34 @@ def cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
     from metrale.plugin import load_budgets
     from metrale.table import render
 
-    raw = parse_bench_args(extra, args.param)
-    budgets_path = args.budgets
-    if budgets_path is None and Path("BENCH.toml").is_file():
-        budgets_path = Path("BENCH.toml")
-    budgets = load_budgets(budgets_path, args.benchmark) if budgets_path else {}
+    if args.resume is not None and args.benchmark is not None:
+        extra = _reclaim_positional(args, extra)
+    raw: dict[str, object] = dict(parse_bench_args(extra, args.param))
     runtime = runtime_from_args(args)
+    options = client_options(args)
+    if args.retry_errors and args.resume is None:
+        raise UsageError("--retry-errors needs --resume RUN_DIR")
+    if args.resume is not None:
+        from metrale.resume import resumed_run
+
+        if args.overwrite:
+            raise UsageError("--overwrite conflicts with --resume")
+        defaults = client_options(build_parser().parse_known_args(["run", "x"])[0])
+        earlier = resumed_run(args.resume, args, raw, runtime, options, defaults)  # type: ignore[arg-type]
+        args.benchmark, args.target, args.model = earlier.benchmark, earlier.target, earlier.model
+        raw, runtime, options, budgets = (
+            earlier.params,
+            earlier.runtime,
+            earlier.client,
+            earlier.budgets,
+        )
+    else:
+        if not args.benchmark:
+            raise UsageError("metrale run needs a benchmark id (see 'metrale list') or --resume")
+        budgets_path = args.budgets
+        if budgets_path is None and Path("BENCH.toml").is_file():
+            budgets_path = Path("BENCH.toml")
+        budgets = load_budgets(budgets_path, args.benchmark) if budgets_path else {}
     if runtime is not None:
         from metrale.runtime import check_runtime
 
@@ -414,14 +478,18 @@ def cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
             benchmark=args.benchmark,
             params=raw,
             target=Target(base_url="", model=""),
-            client_options=client_options(args),
-            out=args.out,
+            client_options=options,
+            out=args.resume if args.resume is not None else args.out,
+            resume=args.resume is not None,
+            retry_errors=args.retry_errors,
+            overwrite=args.overwrite,
             budgets=budgets,
             preflight=not args.no_preflight,
             runtime=runtime,
             runtime_retries=args.retries_runtime,
         )
         runner.prepare(request)  # bad parameters fail before a server starts
+        runner.check_run_dir(request)  # so does a run directory that must not be written
         async with open_target(args) as target:
             request.target = target
             return await runner.run(request)
@@ -439,6 +507,24 @@ def cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
     if args.json:
         print(outcome.model_dump_json(indent=2))
     return outcome.exit_code
+
+
+def _reclaim_positional(args: argparse.Namespace, extra: Sequence[str]) -> list[str]:
+    """`run --resume DIR --rollouts 9`: argparse takes `9` for the (optional) benchmark id.
+    A value that names no benchmark goes back after the first parameter flag left without
+    one."""
+    from metrale.plugin import discover
+
+    tokens = list(extra)
+    if args.benchmark in discover():
+        return tokens
+    for i, tok in enumerate(tokens):
+        bare = tok.startswith("--") and "=" not in tok
+        if bare and (i + 1 == len(tokens) or tokens[i + 1].startswith("--")):
+            tokens.insert(i + 1, args.benchmark)
+            args.benchmark = None
+            break
+    return tokens
 
 
 def cmd_list(args: argparse.Namespace, extra: Sequence[str]) -> int:
@@ -534,7 +620,10 @@ def add_matrix_commands(sub: Any) -> None:
         help="a named deployment to sweep side by side (repeatable)",
     )
     add_target_args(mx)
-    mx.add_argument("--out", type=Path, metavar="DIR", help="default results/<benchmark>")
+    mx.add_argument("--out", type=_out_dir, metavar="DIR", help="default results/<benchmark>")
+    mx.add_argument(
+        "--resume", action="store_true", help="skip cells whose file says they completed"
+    )
     mx.add_argument("--only", metavar="GLOBS", help="run only cells whose name matches")
     mx.add_argument("--no-preflight", action="store_true", help="skip the 2+2 sanity check")
     mx.add_argument(
@@ -606,6 +695,7 @@ def cmd_matrix(args: argparse.Namespace, extra: Sequence[str]) -> int:
                 preflight=not args.no_preflight,
                 cells=cells,
                 runtime_retries=args.retries_runtime,
+                resume=args.resume,
             )
 
     results = run_async(go)

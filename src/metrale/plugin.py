@@ -10,9 +10,12 @@ budgets file the user names.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
 import time
 import tomllib
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from importlib.metadata import entry_points
@@ -22,7 +25,7 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, Field
 
 from metrale.endpoint.client import ClientOptions, Target
-from metrale.errors import UsageError
+from metrale.errors import RunError, UsageError, read_user_file
 from metrale.runtime.base import RuntimeConfig
 from metrale.stats import Spread
 
@@ -250,9 +253,7 @@ def check_bounds(metrics: Mapping[str, float | int | None], bounds: Mapping[str,
 def load_budgets(path: Path, benchmark_id: str) -> dict[str, float]:
     """Read the `[benchmark_id]` table of a BENCH.toml budgets file."""
     try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"budgets file {path} does not exist") from None
+        data = tomllib.loads(read_user_file(path, "budgets file"))
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"budgets file {path} is not valid TOML: {exc}") from None
     section = data.get(benchmark_id, {})
@@ -270,47 +271,96 @@ def load_budgets(path: Path, benchmark_id: str) -> dict[str, float]:
 # --------------------------------------------------------------------------- the handle
 
 
+class RecordWriteError(RunError):
+    """A record could not be written (disk full, quota, I/O error): the run stops, exit 3."""
+
+
 @dataclass
 class Artifacts:
-    """The run directory and its append-only rollout log."""
+    """The run directory and its append-only logs (`rollouts.jsonl`, `requests.jsonl`, ...).
+
+    Each line is written with one `os.write` on an unbuffered descriptor, so a line is on disk
+    when `append_*` returns; a write that fails part-way (ENOSPC) is cut back to the last whole
+    line and raises `RecordWriteError`: every earlier record stays intact and parseable.
+    """
 
     run_dir: Path
-    _records: Any = field(default=None, repr=False)
-    _logs: dict[str, Any] = field(default_factory=dict, repr=False)
+    _fds: dict[str, int] = field(default_factory=dict, repr=False)
+    _sizes: dict[str, int] = field(default_factory=dict, repr=False)
 
     def path(self, name: str) -> Path:
         return self.run_dir / name
 
+    def open(self, name: str = "rollouts.jsonl") -> None:
+        """Open a log now, before any work: a run that cannot write its records does not
+        start (and a low fd limit cannot take this descriptor away later)."""
+        if name not in self._fds:
+            try:
+                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                self._fds[name] = fd = os.open(self.run_dir / name, flags, 0o644)
+                self._sizes[name] = os.fstat(fd).st_size  # appends only: we track the end
+            except OSError as exc:
+                where = self.run_dir / name
+                raise RecordWriteError(f"cannot open {where}: {exc.strerror}") from None
+
     def append_record(self, record: BaseModel) -> None:
-        """Append one JSON line to rollouts.jsonl and flush it: a crash loses no finished one."""
-        if self._records is None:
-            self._records = open(self.run_dir / "rollouts.jsonl", "a", encoding="utf-8")  # noqa: SIM115
-        self._records.write(record.model_dump_json() + "\n")
-        self._records.flush()
+        """Append one JSON line to rollouts.jsonl: a crash loses no finished rollout."""
+        self.append_line("rollouts.jsonl", record)
 
     def append_line(self, name: str, record: BaseModel) -> None:
-        """Append one JSON line to another log in the run directory (e.g. `requests.jsonl`)
-        and flush it, with the same guarantee as `append_record`."""
-        log = self._logs.get(name)
-        if log is None:
-            log = self._logs[name] = open(self.run_dir / name, "a", encoding="utf-8")  # noqa: SIM115
-        log.write(record.model_dump_json() + "\n")
-        log.flush()
+        """Append one JSON line to a log in the run directory (e.g. `requests.jsonl`)."""
+        self.open(name)
+        fd = self._fds[name]
+        data = (record.model_dump_json() + "\n").encode()
+        offset = self._sizes[name]
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            self._sizes[name] = offset + len(data)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, offset)  # no torn line: the file ends at the last whole record
+            raise RecordWriteError(
+                f"cannot write to {self.run_dir / name}: {exc.strerror}; "
+                "the records before this one are intact"
+            ) from None
 
     def write_json(self, name: str, model: BaseModel) -> Path:
+        """Write a JSON file atomically (temporary file, then rename): never half a file."""
         target = self.run_dir / name
         tmp = target.with_suffix(target.suffix + ".tmp")
-        tmp.write_text(model.model_dump_json(indent=2) + "\n", encoding="utf-8")
-        tmp.replace(target)
+        try:
+            tmp.write_text(model.model_dump_json(indent=2) + "\n", encoding="utf-8")
+            tmp.replace(target)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise RecordWriteError(f"cannot write {target}: {exc.strerror}") from None
         return target
 
     def close(self) -> None:
-        if self._records is not None:
-            self._records.close()
-            self._records = None
-        for log in self._logs.values():
-            log.close()
-        self._logs.clear()
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What a resumed run already holds: the indices with a record that is kept (not re-run).
+
+    The kept records themselves are read back from `rollouts.jsonl` with `records()`, one at a
+    time, so that the summary covers every record without holding them all.
+    """
+
+    path: Path
+    indices: frozenset[int]
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        with self.path.open(encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    yield json.loads(line)
 
 
 @dataclass
@@ -325,6 +375,8 @@ class PluginHandle:
     on_status: Callable[[str], None] = lambda phase: None
     on_progress: Callable[[int, int | None], None] = lambda done, total: None
     cancelled: Callable[[], bool] = lambda: False
+    #: set when the run resumes a run directory (`metrale run --resume`); see `Resumable`
+    resume: Resume | None = None
 
 
 # --------------------------------------------------------------------------- helpers
@@ -393,6 +445,15 @@ class Benchmark(Protocol):
 
 
 @runtime_checkable
+class Resumable(Protocol):
+    """Optional: a benchmark that can resume a run directory (`metrale run --resume`). It runs
+    only the rollouts whose index is not in `handle.resume.indices`, and its summary covers the
+    records of `handle.resume.records()` as well as the new ones."""
+
+    resumable: ClassVar[bool]
+
+
+@runtime_checkable
 class PlotsRuns(Protocol):
     """Optional: a benchmark whose run directory has a figure of its own (`metrale plot DIR`)."""
 
@@ -402,8 +463,6 @@ class PlotsRuns(Protocol):
 
 def run_benchmark_id(run_dir: Path) -> str | None:
     """The benchmark a `metrale run` directory belongs to (from its run.json), or None."""
-    import json
-
     try:
         info = json.loads((run_dir / "run.json").read_text())
     except (OSError, ValueError):

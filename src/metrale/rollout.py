@@ -11,16 +11,22 @@ whatever happened, so the run directory has it before the next one finishes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import resource
 import time
-from collections.abc import Callable, Sequence
+from array import array
+from collections.abc import Awaitable, Callable, Container, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, Field
 
 from metrale.runtime.base import Runtime
 from metrale.stats import Spread
+
+T = TypeVar("T")
 
 
 class Stage(StrEnum):
@@ -90,7 +96,12 @@ class RolloutContext:
 
 @dataclass
 class RolloutPlan:
-    """How to run a batch: how many, how many at once, where, and who to tell."""
+    """How to run a batch: how many, how many at once, where, and who to tell.
+
+    `skip` holds indices that already have a record (a resumed run): they are not run again.
+    `on_record` may raise (the run directory's disk is full): the batch then stops, every
+    rollout in flight is cancelled and its runtime stopped, and the error propagates.
+    """
 
     benchmark: str
     count: int
@@ -101,46 +112,168 @@ class RolloutPlan:
     runtime_retries: int = 0
     on_record: Callable[[RolloutRecord], None] = lambda record: None
     run_id: str = "run"
+    skip: Container[int] = frozenset()
+    #: called once with a line to show the user (a concurrency cap, for example)
+    on_warning: Callable[[str], None] = lambda message: None
 
 
 @dataclass
 class Progress:
-    """Live counters the runner reads while rollouts run."""
+    """Live counters the runner reads while rollouts run, and what the summary needs.
+
+    Memory stays O(concurrency) in records: only per-stage durations (8 bytes each) and
+    counters are kept, unless `keep_records` asks for the records themselves (a benchmark with
+    few, large rollouts that reports on each).
+    """
 
     done: int = 0
     errors: int = 0
     reward_sum: float = 0.0
     rewarded: int = 0
+    retries: int = 0
+    runtime_retries: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    token_sources: set[str] = field(default_factory=set)
+    error_kinds: dict[str, int] = field(default_factory=dict)
+    durations: dict[str, array[float]] = field(
+        default_factory=lambda: {s: array("d") for s in SUMMARY_STAGES}
+    )
+    keep_records: bool = True
     records: list[RolloutRecord] = field(default_factory=list)
 
     @property
     def mean_reward(self) -> float | None:
         return self.reward_sum / self.rewarded if self.rewarded else None
 
+    def add(self, record: RolloutRecord) -> None:
+        """Count one finished rollout (a new one, or one read back from a resumed run)."""
+        if self.keep_records:
+            self.records.append(record)
+        self.done += 1
+        if record.error is not None:
+            self.errors += 1
+            kind = record.error.type
+            self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
+        if record.reward is not None:
+            self.reward_sum += record.reward
+            self.rewarded += 1
+        self.retries += record.retries
+        self.runtime_retries += record.runtime_retries
+        if record.tokens.prompt is not None:
+            self.prompt_tokens = (self.prompt_tokens or 0) + record.tokens.prompt
+        if record.tokens.completion is not None:
+            self.completion_tokens = (self.completion_tokens or 0) + record.tokens.completion
+        if record.tokens.source:
+            self.token_sources.add(record.tokens.source)
+        for name, timing in record.stages.items():
+            self.durations[name].append(timing.duration_s)
+        if record.total_s is not None:
+            self.durations["total"].append(record.total_s)
+
+    def spreads(self) -> dict[str, Spread]:
+        return {name: Spread.of(sorted(values)) for name, values in self.durations.items()}
+
+
+#: File descriptors one rollout in flight may hold: its connection to the target, and with a
+#: runtime the sandbox's pipes, pidfd and workdir (bwrap measured at 6).
+FDS_PER_ROLLOUT = 2
+FDS_PER_SANDBOXED_ROLLOUT = 10
+#: Descriptors kept free for everything else: the run directory's files, the event loop, logs.
+FD_RESERVE = 64
+FD_RAISE_TO = 1 << 16
+
+
+def fd_concurrency_cap(sandboxed: bool) -> int:
+    """How many rollouts may be in flight before the process runs out of file descriptors.
+
+    The soft RLIMIT_NOFILE is first raised to the hard limit (what a user may do without
+    privilege); what remains after the descriptors already open and a reserve, divided by a
+    rollout's share, is the cap.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or hard > soft):
+        # Not beyond 64 Ki: sandboxes inherit the limit, and some programs walk every fd.
+        want = max(soft, min(FD_RAISE_TO, hard))
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 30
+    try:
+        open_now = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        open_now = 32
+    per = FDS_PER_SANDBOXED_ROLLOUT if sandboxed else FDS_PER_ROLLOUT
+    return max(1, (soft - open_now - FD_RESERVE) // per)
+
 
 async def run_rollouts(plan: RolloutPlan, progress: Progress | None = None) -> list[RolloutRecord]:
-    """Run `plan.count` rollouts, at most `plan.max_concurrent` at once (None: unbounded)."""
+    """Run rollouts `0..plan.count-1` not in `plan.skip`, at most `plan.max_concurrent` at once
+    (None: unbounded, up to what the file-descriptor limit allows).
+
+    A fixed pool of workers pulls indices from one iterator, so memory is O(concurrency), not
+    O(count): a million rollouts never exist as a million tasks. On cancellation (Ctrl-C,
+    SIGTERM) or a failing `on_record`, every worker is cancelled and *waited for*, so that
+    every runtime that started is stopped before this returns or raises.
+    """
     progress = progress if progress is not None else Progress()
     origin = time.perf_counter()
-    gate = asyncio.Semaphore(plan.max_concurrent) if plan.max_concurrent else None
+    todo = sum(1 for i in range(plan.count) if i not in plan.skip) if plan.skip else plan.count
+    cap = fd_concurrency_cap(plan.make_runtime is not None)
+    width = min(plan.max_concurrent or todo, todo)
+    if width > cap:
+        asked = plan.max_concurrent if plan.max_concurrent else "unbounded"
+        plan.on_warning(
+            f"max_concurrent {asked} needs more file descriptors than the limit allows "
+            f"(RLIMIT_NOFILE {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}); "
+            f"running at most {cap} rollouts at once (raise it with 'ulimit -n')"
+        )
+        width = cap
+    indices = (i for i in range(plan.count) if i not in plan.skip)
 
-    async def one(index: int) -> None:
-        if gate is None:
+    async def worker() -> None:
+        for index in indices:  # one shared iterator: each index goes to exactly one worker
             record = await _run_one(plan, index, origin)
-        else:
-            async with gate:
-                record = await _run_one(plan, index, origin)
-        progress.records.append(record)
-        progress.done += 1
-        if record.error is not None:
-            progress.errors += 1
-        if record.reward is not None:
-            progress.reward_sum += record.reward
-            progress.rewarded += 1
-        plan.on_record(record)
+            progress.add(record)
+            plan.on_record(record)
 
-    await asyncio.gather(*(one(i) for i in range(plan.count)))
-    return sorted(progress.records, key=lambda r: r.index)
+    workers = [asyncio.create_task(worker()) for _ in range(max(width, 0))]
+    try:
+        if workers:
+            done, _ = await asyncio.wait(workers, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+    finally:
+        for task in workers:
+            task.cancel()
+        await finish(asyncio.gather(*workers, return_exceptions=True))
+    return sorted(progress.records, key=lambda r: r.index) if progress.keep_records else []
+
+
+async def finish(awaitable: Awaitable[T]) -> T:
+    """Await `awaitable` to its end even if the caller is cancelled meanwhile (again and again:
+    asyncio.run cancels what is left at exit); the cancellation is raised once it is done.
+
+    This is what makes teardown (a runtime's `stop()`) complete on every exit path.
+    """
+    task = asyncio.ensure_future(awaitable)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                if task.cancelled():
+                    raise
+                result = task.result()
+                break
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result
 
 
 async def _run_one(plan: RolloutPlan, index: int, origin: float) -> RolloutRecord:
@@ -174,11 +307,16 @@ async def _run_one(plan: RolloutPlan, index: int, origin: float) -> RolloutRecor
             message=str(exc)[:500] or type(exc).__name__,
             stage=stage,
         )
-        record.retries += int(getattr(exc, "retries", 0) or 0)
+        # The task owns `record.retries` (it knows which calls it made); the driver adds only
+        # what a task that never recorded its failed call could not.
+        if not record.retries:
+            record.retries = int(getattr(exc, "retries", 0) or 0)
     finally:
         if ctx.runtime is not None:
             try:
-                await ctx.runtime.stop()
+                await finish(ctx.runtime.stop())
+            except asyncio.CancelledError:
+                raise
             except Exception as exc:  # a failed teardown is the rollout's fault, not the run's
                 if record.error is None:
                     record.error = ErrorInfo(type="runtime_stop", message=str(exc)[:500])
@@ -189,6 +327,8 @@ async def _run_one(plan: RolloutPlan, index: int, origin: float) -> RolloutRecor
 
 
 async def _start_runtime(plan: RolloutPlan, record: RolloutRecord) -> Runtime:
+    """Start a runtime, retrying up to `runtime_retries`; whatever happens to a start (it fails,
+    or the run is cancelled while it is under way), that runtime's `stop()` runs to its end."""
     assert plan.make_runtime is not None
     attempt = 0
     while True:
@@ -196,9 +336,9 @@ async def _start_runtime(plan: RolloutPlan, record: RolloutRecord) -> Runtime:
         try:
             await runtime.start()
             return runtime
-        except Exception:
-            await runtime.stop()
-            if attempt >= plan.runtime_retries:
+        except BaseException as exc:
+            await finish(runtime.stop())
+            if not isinstance(exc, Exception) or attempt >= plan.runtime_retries:
                 raise
             attempt += 1
             record.runtime_retries = attempt

@@ -14,7 +14,7 @@ import contextlib
 import platform
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,20 +22,30 @@ from typing import Any, TextIO
 
 from pydantic import BaseModel, Field
 
-from metrale import __version__
+from metrale import __version__, rundir
 from metrale.endpoint.client import ClientOptions, Target
 from metrale.endpoint.probe import Preflight, preflight
-from metrale.errors import EXIT_OK, EXIT_RUN_FAILED, EXIT_VERDICT_FAILED, UsageError
+from metrale.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_RUN_FAILED,
+    EXIT_VERDICT_FAILED,
+    MetraleError,
+    UsageError,
+)
 from metrale.plugin import (
     Artifacts,
     Benchmark,
     BenchmarkResult,
     LogLine,
     PluginHandle,
+    RecordWriteError,
+    Resume,
     Status,
     check_bounds,
     get_benchmark,
 )
+from metrale.rollout import finish
 from metrale.runtime.base import RuntimeConfig
 
 
@@ -74,6 +84,12 @@ class RunRequest:
     runtime: RuntimeConfig | None = None
     runtime_retries: int = 0
     out: Path | None = None
+    #: `out` is an earlier run's directory to finish (`metrale run --resume`)
+    resume: bool = False
+    #: with `resume`: run the failed rollouts again too
+    retry_errors: bool = False
+    #: a new run may replace the records of an earlier one in `out`
+    overwrite: bool = False
     runs_dir: Path = Path("runs")
     budgets: Mapping[str, float] = field(default_factory=dict)
     preflight: bool = True
@@ -88,25 +104,64 @@ def prepare(request: RunRequest) -> tuple[Benchmark, dict[str, Any]]:
     return bench, dict(values)
 
 
+def check_run_dir(request: RunRequest) -> None:
+    """Before a target starts: is the run directory one this run may write (or resume)?"""
+    if request.out is None:
+        return
+    if request.resume:
+        rundir.read_run_info(request.out)
+    else:
+        rundir.check_new(request.out, overwrite=request.overwrite)
+
+
 def new_run_dir(request: RunRequest) -> Path:
+    """The run directory: resumed as it is, or new (an earlier run's is refused, see `rundir`)."""
     if request.out is not None:
         path = request.out
     else:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
         path = request.runs_dir / f"{stamp}-{request.benchmark}"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot create run directory {path}: {exc.strerror}") from None
-    for stale in ("rollouts.jsonl", "result.json"):
-        (path / stale).unlink(missing_ok=True)
-    return path
+    if request.resume:
+        return path
+    return rundir.create_new(path, overwrite=request.overwrite)
+
+
+def _resume(request: RunRequest, bench: Benchmark, values: dict[str, Any], path: Path) -> Resume:
+    if not getattr(bench, "resumable", False):
+        raise UsageError(f"benchmark {request.benchmark} cannot resume a run directory")
+    scan = rundir.prepare_resume(path, int(values["rollouts"]), retry_errors=request.retry_errors)
+    return Resume(path=path / "rollouts.jsonl", indices=scan.kept)
 
 
 async def run(request: RunRequest) -> RunResult:
-    """Run one benchmark end to end; the returned result is also in `<run_dir>/result.json`."""
+    """Run one benchmark end to end; the returned result is also in `<run_dir>/result.json`.
+
+    The run directory is made (or checked, or resumed) and `rollouts.jsonl` opened before any
+    work, so a run that could not keep its records never starts.
+    """
     bench, values = prepare(request)
     display = LiveProgress(request.progress)
+    run_dir = new_run_dir(request)
+    resume = _resume(request, bench, values, run_dir) if request.resume else None
+    artifacts = Artifacts(run_dir)
+    try:
+        artifacts.open("rollouts.jsonl")
+    except RecordWriteError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        return await _run_in(request, bench, values, display, artifacts, resume)
+    finally:
+        artifacts.close()
+
+
+async def _run_in(
+    request: RunRequest,
+    bench: Benchmark,
+    values: dict[str, Any],
+    display: LiveProgress,
+    artifacts: Artifacts,
+    resume: Resume | None,
+) -> RunResult:
     check = None
     if request.preflight:
         display.phase("preflight")
@@ -119,8 +174,6 @@ async def run(request: RunRequest) -> RunResult:
                     f"({check.error or repr(check.answer[:60])}); going on",
                 )
             )
-    run_dir = new_run_dir(request)
-    artifacts = Artifacts(run_dir)
     info = RunInfo(
         benchmark=request.benchmark,
         params=values,
@@ -133,7 +186,9 @@ async def run(request: RunRequest) -> RunResult:
         started_at=datetime.now(UTC).isoformat(),
         preflight=check,
     )
-    artifacts.write_json("run.json", info)
+    if resume is None:
+        artifacts.write_json("run.json", info)
+    interrupted = asyncio.Event()  # set when Ctrl-C or SIGTERM reaches the run, before cleanup
     handle = PluginHandle(
         target=request.target,
         artifacts=artifacts,
@@ -142,9 +197,9 @@ async def run(request: RunRequest) -> RunResult:
         runtime_retries=request.runtime_retries,
         on_status=display.phase,
         on_progress=display.progress,
-        cancelled=lambda: interrupted.is_set(),
+        cancelled=interrupted.is_set,
+        resume=resume,
     )
-    interrupted = asyncio.Event()  # set when Ctrl-C or SIGTERM reaches the run, before cleanup
     started = time.perf_counter()
     final = BenchmarkResult(status=Status.FAILED, error="run did not start")
     seen_logs = 0
@@ -166,25 +221,47 @@ async def run(request: RunRequest) -> RunResult:
         raise
     except UsageError:
         raise
+    except MetraleError as exc:  # e.g. a record that could not be written: say it as it is
+        final = BenchmarkResult(status=Status.FAILED, error=str(exc))
     except Exception as exc:  # a benchmark bug or a lost target: keep what finished, say why
         final = BenchmarkResult(status=Status.FAILED, error=f"{type(exc).__name__}: {exc}")
     finally:
-        with contextlib.suppress(Exception):
-            await asyncio.shield(bench.cleanup())
-        artifacts.close()
+        try:
+            # to its end, whatever cancels us meanwhile: it stops every runtime still running
+            await finish(_quiet(bench.cleanup()))
+        except asyncio.CancelledError:
+            interrupted.set()
         display.close()
         e2e = time.perf_counter() - started
         final.verdict = final.verdict.merged(check_bounds(final.metrics, request.budgets))
-        code = exit_code(final)
+        code = EXIT_INTERRUPTED if interrupted.is_set() else exit_code(final)
         outcome = RunResult(
-            info=info, run_dir=str(run_dir), result=final, e2e_s=e2e, exit_code=code
+            info=info, run_dir=str(artifacts.run_dir), result=final, e2e_s=e2e, exit_code=code
         )
-        artifacts.write_json("result.json", outcome)
+        try:
+            artifacts.write_json("result.json", outcome)
+        except RecordWriteError as exc:
+            outcome.exit_code = EXIT_RUN_FAILED
+            final.status, final.error = Status.FAILED, final.error or str(exc)
+            display.log(LogLine(level="error", message=str(exc)))
+    if interrupted.is_set():
+        raise asyncio.CancelledError
     return outcome
 
 
+async def _quiet(work: Awaitable[None]) -> None:
+    """A benchmark's cleanup that fails must not hide the run's own outcome."""
+    with contextlib.suppress(Exception):
+        await work
+
+
 def exit_code(result: BenchmarkResult) -> int:
+    """0 done, 1 verdict failed, 3 run failed, which includes a run whose every rollout
+    failed: it measured nothing."""
     if result.status is not Status.COMPLETED:
+        return EXIT_RUN_FAILED
+    rollouts, errors = result.metrics.get("rollouts"), result.metrics.get("errors")
+    if rollouts and errors == rollouts:
         return EXIT_RUN_FAILED
     return EXIT_VERDICT_FAILED if result.verdict.passed is False else EXIT_OK
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from metrale.endpoint.http import ConnectionPool, HttpConnectionError
+from metrale.endpoint.http import ConnectionPool, HttpConnectionError, HttpProtocolError
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -163,8 +163,9 @@ def test_refused_and_garbage_responses() -> None:
     async def go():
         server, port, _ = await serve(handler)
         try:
-            with pytest.raises(HttpConnectionError, match="not an HTTP response"):
+            with pytest.raises(HttpProtocolError, match="not an HTTP status line") as info:
                 await ConnectionPool(f"http://127.0.0.1:{port}").post("/x", b"")
+            assert info.value.kind == "bad_status_line"
         finally:
             server.close()
         with pytest.raises(HttpConnectionError, match="cannot connect"):

@@ -12,7 +12,9 @@ the connection, after any client-side queueing):
   vLLM and SGLang send without speculative decoding).
 - **retries**: attempts beyond the first. Retried: connection errors (refused, reset, dropped
   mid-stream), HTTP 429 and 5xx, with exponential backoff and full jitter. Not retried: timeouts,
-  4xx other than 429, malformed streams: a benchmark wants those to show.
+  4xx other than 429, malformed streams, broken HTTP (`bad_status_line`, `bad_header`,
+  `headers_too_large`, `bad_chunk`) and a body over the size cap (`response_too_large`, see
+  `ClientOptions.response_cap`): a benchmark wants those to show.
 """
 
 from __future__ import annotations
@@ -27,7 +29,12 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, Field
 
-from metrale.endpoint.http import ConnectionPool, HttpConnectionError, Response
+from metrale.endpoint.http import (
+    ConnectionPool,
+    HttpConnectionError,
+    HttpProtocolError,
+    Response,
+)
 
 #: How long to wait, after [DONE], for the rest of a streamed body before giving up the
 #: connection instead of reusing it.
@@ -51,12 +58,35 @@ class Target(BaseModel):
         return url if path else url + "/v1"
 
 
+#: The response-size cap when none is given: generous for any real completion (an SSE chunk
+#: per token is 150-600 bytes with ids and logprobs), small enough that an endless stream or
+#: one 50 MB event costs megabytes, not gigabytes.
+RESPONSE_SLACK_BYTES = 16 * 1024
+RESPONSE_BYTES_PER_TOKEN = 4 * 1024
+#: ... and when the call sets no max_tokens.
+RESPONSE_DEFAULT_CAP_BYTES = 16 * 1024 * 1024
+
+
 class ClientOptions(BaseModel):
     request_timeout_s: float = 600.0
     retries: int = 2
     backoff_base_s: float = 0.25
     backoff_max_s: float = 8.0
     stream: bool = True
+    #: response body cap in bytes; None: derived from max_tokens (`response_cap`); 0: no cap
+    max_response_bytes: int | None = None
+
+    def response_cap(self, max_tokens: int | None) -> int | None:
+        """Bytes of body one call may receive: past it, the call fails as `response_too_large`.
+
+        cap = `max_response_bytes` when given (0 = none), else 16 KiB + 4 KiB × max_tokens,
+        or 16 MiB without max_tokens.
+        """
+        if self.max_response_bytes is not None:
+            return self.max_response_bytes or None
+        if max_tokens is None:
+            return RESPONSE_DEFAULT_CAP_BYTES
+        return RESPONSE_SLACK_BYTES + RESPONSE_BYTES_PER_TOKEN * max_tokens
 
 
 class ToolCall(BaseModel):
@@ -155,6 +185,7 @@ class ChatClient:
         if extra:
             body.update(extra)
         payload = orjson.dumps(body)
+        cap = self.options.response_cap(max_tokens)
         started_at = time.time()
         attempt = 0
         while True:
@@ -162,7 +193,7 @@ class ChatClient:
             # values come from our own parser), which keeps pydantic off the per-call hot path.
             fields: dict[str, Any] = {"started_at": started_at, "retries": attempt}
             try:
-                await self._attempt(payload, fields, record_chunks)
+                await self._attempt(payload, fields, record_chunks, cap)
                 return CallRecord.model_construct(**fields)
             except _Retryable as exc:
                 if attempt >= self.options.retries:
@@ -181,7 +212,9 @@ class ChatClient:
         cap = min(self.options.backoff_max_s, self.options.backoff_base_s * 2 ** (attempt - 1))
         return self._rng.uniform(0, cap)
 
-    async def _attempt(self, payload: bytes, fields: dict[str, Any], record_chunks: bool) -> None:
+    async def _attempt(
+        self, payload: bytes, fields: dict[str, Any], record_chunks: bool, cap: int | None
+    ) -> None:
         if self._pool is None:
             raise RuntimeError("ChatClient used outside 'async with'")
         send = time.perf_counter()
@@ -191,18 +224,18 @@ class ChatClient:
                 resp = await self._pool.post("/chat/completions", payload)
                 fields["status"] = resp.status
                 if resp.status == 429 or resp.status >= 500:
-                    text = (await resp.read())[:200].decode(errors="replace")
+                    text = await _error_text(resp, 200)
                     retry_after = _retry_after(resp.headers.get("retry-after"))
                     raise _Retryable(
                         f"http_{resp.status}", f"HTTP {resp.status}: {text}", retry_after
                     )
                 if resp.status >= 400:
-                    text = (await resp.read())[:300].decode(errors="replace")
+                    text = await _error_text(resp, 300)
                     raise EndpointError(f"http_{resp.status}", f"HTTP {resp.status}: {text}")
                 if self.options.stream and resp.content_type == "text/event-stream":
-                    await _read_stream(resp, fields, send, record_chunks)
+                    await _read_stream(resp, fields, send, record_chunks, cap)
                 else:
-                    data = orjson.loads(await resp.read())
+                    data = orjson.loads(await resp.read(cap))
                     _read_body(data, fields)
                     fields["ttft_s"] = time.perf_counter() - send
                 fields.setdefault("latency_s", time.perf_counter() - send)
@@ -214,9 +247,20 @@ class ChatClient:
             ) from None
         except HttpConnectionError as exc:
             raise _Retryable("connection", str(exc)) from None
+        except HttpProtocolError as exc:
+            raise EndpointError(exc.kind, str(exc)) from None
         finally:
             if resp is not None:
                 resp.release()
+
+
+async def _error_text(resp: Response, keep: int) -> str:
+    """The start of an error response's body; a huge or broken one is not read to its end."""
+    try:
+        body = await resp.read(64 * 1024)
+    except (HttpProtocolError, HttpConnectionError):
+        return "(body unreadable)"
+    return body[:keep].decode(errors="replace")
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -227,7 +271,7 @@ def _retry_after(value: str | None) -> float | None:
 
 
 async def _read_stream(
-    resp: Response, fields: dict[str, Any], send: float, record_chunks: bool
+    resp: Response, fields: dict[str, Any], send: float, record_chunks: bool, cap: int | None
 ) -> None:
     """Parse an SSE stream as bytes arrive: events split on blank lines, one timestamp per read.
 
@@ -237,7 +281,7 @@ async def _read_stream(
     """
     state = _StreamState(record_chunks)
     buf = b""
-    chunks = resp.iter_chunks()
+    chunks = resp.iter_chunks(cap)
     async for data in chunks:
         now = time.perf_counter() - send
         buf += data
@@ -257,7 +301,7 @@ async def _read_stream(
         # so that the connection goes back to the pool: a hosted API would otherwise pay a new
         # TLS handshake inside the next call's TTFT.
         fields["latency_s"] = time.perf_counter() - send
-        with contextlib.suppress(TimeoutError, HttpConnectionError):
+        with contextlib.suppress(TimeoutError, HttpConnectionError, HttpProtocolError):
             async with asyncio.timeout(DRAIN_TIMEOUT_S):
                 async for _ in chunks:
                     pass

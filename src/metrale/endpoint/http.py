@@ -17,9 +17,23 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+#: Bounds on what a server may send before the body: more is not an HTTP server we measure.
+MAX_HEADER_BYTES = 64 * 1024
+MAX_HEADERS = 256
+
 
 class HttpConnectionError(Exception):
-    """The connection failed or closed before the response was complete."""
+    """The connection failed or closed before the response was complete (worth a retry)."""
+
+
+class HttpProtocolError(Exception):
+    """The server broke HTTP/1.1 or a bound (`kind`: bad_status_line, bad_header,
+    headers_too_large, bad_chunk, response_too_large). Not retried: a broken server stays
+    broken, and a benchmark wants it to show."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass
@@ -34,32 +48,36 @@ class Response:
     def content_type(self) -> str:
         return self.headers.get("content-type", "").split(";", 1)[0].strip().lower()
 
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
-        """The body in the pieces the socket delivers (chunked framing removed)."""
+    async def iter_chunks(self, max_bytes: int | None = None) -> AsyncIterator[bytes]:
+        """The body in the pieces the socket delivers (chunked framing removed). Past
+        `max_bytes` of body it raises `HttpProtocolError("response_too_large")` and the
+        connection is not reused: an endless or huge body costs at most that much memory."""
         reader = self._conn.reader
+        seen = 0
         try:
             length = self.headers.get("content-length")
             if "chunked" in self.headers.get("transfer-encoding", "").lower():
-                async for piece in _dechunk(reader):
-                    yield piece
+                pieces = _dechunk(reader)
             elif length is not None:
-                remaining = int(length)
-                while remaining > 0:
-                    data = await reader.read(min(remaining, 1 << 16))
-                    if not data:
-                        raise HttpConnectionError("connection closed mid-body")
-                    remaining -= len(data)
-                    yield data
+                pieces = _fixed(reader, _content_length(length))
             else:
                 self._conn.reusable = False
-                while data := await reader.read(1 << 16):
-                    yield data
+                pieces = _to_close(reader)
+            async for piece in pieces:
+                seen += len(piece)
+                if max_bytes is not None and seen > max_bytes:
+                    self._conn.reusable = False
+                    raise HttpProtocolError(
+                        "response_too_large",
+                        f"response body over the cap of {max_bytes} bytes (--max-response-kb)",
+                    )
+                yield piece
             self._done = True
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
             raise HttpConnectionError(f"{type(exc).__name__}: {exc}") from None
 
-    async def read(self) -> bytes:
-        return b"".join([piece async for piece in self.iter_chunks()])
+    async def read(self, max_bytes: int | None = None) -> bytes:
+        return b"".join([piece async for piece in self.iter_chunks(max_bytes)])
 
     def release(self) -> None:
         """Give the connection back when the body was read whole, else close it."""
@@ -70,16 +88,67 @@ class Response:
             self._conn.close()
 
 
+def _content_length(text: str) -> int:
+    if not text.isdigit():
+        raise HttpProtocolError("bad_header", f"Content-Length is not a length: {text[:40]!r}")
+    return int(text)
+
+
+async def _fixed(reader: asyncio.StreamReader, remaining: int) -> AsyncIterator[bytes]:
+    while remaining > 0:
+        data = await reader.read(min(remaining, 1 << 16))
+        if not data:
+            raise HttpConnectionError("connection closed mid-body")
+        remaining -= len(data)
+        yield data
+
+
+async def _to_close(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+    while data := await reader.read(1 << 16):
+        yield data
+
+
 async def _dechunk(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+    """Chunked transfer coding, each chunk passed on as it arrives (never a whole chunk held:
+    a server may announce a chunk of any size)."""
     while True:
-        line = await reader.readuntil(b"\r\n")
-        size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+        try:
+            line = await reader.readuntil(b"\r\n")
+        except asyncio.LimitOverrunError:
+            raise HttpProtocolError("bad_chunk", "chunk-size line too long") from None
+        field = line.split(b";", 1)[0].strip()
+        try:
+            size = int(field, 16)
+        except ValueError:
+            raise HttpProtocolError("bad_chunk", f"bad chunk size {field[:40]!r}") from None
+        if size < 0:
+            raise HttpProtocolError("bad_chunk", f"bad chunk size {field[:40]!r}")
         if size == 0:
-            while (await reader.readuntil(b"\r\n")) != b"\r\n":
-                pass  # trailers: nothing we use
+            trailer_bytes = 0
+            while (trailer := await reader.readuntil(b"\r\n")) != b"\r\n":
+                trailer_bytes += len(trailer)  # trailers: nothing we use, but bounded
+                if trailer_bytes > MAX_HEADER_BYTES:
+                    raise HttpProtocolError("headers_too_large", "trailers over 64 KiB")
             return
-        data = await reader.readexactly(size + 2)
-        yield data[:-2]
+        while size > 0:
+            data = await reader.read(min(size, 1 << 16))
+            if not data:
+                raise HttpConnectionError("connection closed mid-chunk")
+            size -= len(data)
+            yield data
+        if await reader.readexactly(2) != b"\r\n":
+            raise HttpProtocolError("bad_chunk", "chunk data not followed by CRLF")
+
+
+def _status(line: bytes) -> int:
+    """The status code of `HTTP/1.x NNN reason`; anything else is not an HTTP response."""
+    parts = line.split(b" ", 2)
+    if not line.startswith(b"HTTP/1.") or len(parts) < 2 or not parts[1].strip().isdigit():
+        raise HttpProtocolError("bad_status_line", f"not an HTTP status line: {line[:60]!r}")
+    code = int(parts[1])
+    if not 100 <= code <= 599:
+        raise HttpProtocolError("bad_status_line", f"status {code} is outside 100..599")
+    return code
 
 
 @dataclass
@@ -146,22 +215,40 @@ class ConnectionPool:
         return await self._exchange(await self._connect(), head, body)
 
     async def _exchange(self, conn: _Connection, head: bytes, body: bytes) -> Response:
+        status: int | None = None
         try:
             conn.writer.write(head + body)
             status_line = await conn.reader.readuntil(b"\r\n")
-            if not status_line.startswith(b"HTTP/1."):
-                raise HttpConnectionError(f"not an HTTP response: {status_line[:40]!r}")
+            status = _status(status_line)
             headers: dict[str, str] = {}
+            size = 0
             while (line := await conn.reader.readuntil(b"\r\n")) != b"\r\n":
-                name, _, value = line.decode("latin-1").partition(":")
+                size += len(line)
+                if size > MAX_HEADER_BYTES or len(headers) >= MAX_HEADERS:
+                    raise HttpProtocolError(
+                        "headers_too_large",
+                        f"response headers over {MAX_HEADER_BYTES} bytes or {MAX_HEADERS} lines",
+                    )
+                name, sep, value = line.decode("latin-1").partition(":")
+                if not sep or not name.strip():
+                    raise HttpProtocolError("bad_header", f"not a header line: {line[:60]!r}")
                 headers[name.strip().lower()] = value.strip()
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+        except asyncio.LimitOverrunError:
+            conn.close()
+            raise HttpProtocolError(
+                "headers_too_large", "a response header line is over the reader's limit"
+            ) from None
+        except asyncio.IncompleteReadError:
+            conn.close()
+            where = "before the status line" if status is None else "mid-headers"
+            raise HttpConnectionError(f"connection closed {where}") from None
+        except ConnectionError as exc:
             conn.close()
             raise HttpConnectionError(f"{type(exc).__name__}: {exc}") from None
         except BaseException:
             conn.close()
             raise
-        status = int(status_line.split(b" ", 2)[1])
+        assert status is not None
         return Response(status=status, headers=headers, _conn=conn, _pool=self)
 
     async def close(self) -> None:

@@ -39,7 +39,13 @@ async def probe(
 ) -> ProbeResult:
     """GET {base}/models and choose the model; raise `UsageError` with one line otherwise."""
     base = Target.normalize_url(url)
-    parts = urlsplit(base)
+    try:
+        parts = urlsplit(base)
+        parts.port  # noqa: B018 - a bad port raises here, not in the first call
+    except ValueError as exc:
+        raise UsageError(
+            f"target {url!r} is not a valid URL ({exc}); accepted: {ACCEPTED}"
+        ) from None
     if parts.scheme not in {"http", "https"} or not parts.hostname:
         raise UsageError(f"target {url!r} is not an http(s) URL; accepted: {ACCEPTED}")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

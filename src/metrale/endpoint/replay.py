@@ -27,7 +27,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from metrale.errors import UsageError
+from metrale.errors import UsageError, read_user_file
 
 
 class ReplayCall(BaseModel):
@@ -59,10 +59,7 @@ class ReplayTurn(BaseModel):
 
 def load_replay(path: Path) -> list[ReplayTurn]:
     """Parse a replay file; `UsageError` naming the line on any problem."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot read replay file {path}: {exc.strerror}") from None
+    text = read_user_file(path, "replay file")
     turns: list[ReplayTurn] = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):

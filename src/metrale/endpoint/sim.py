@@ -58,7 +58,12 @@ class SimConfig:
 
 @dataclass
 class SimStats:
+    """What the simulator received and sent, served at `GET /sim/stats` so that a test or a
+    user can check metrale's own counts (retries, errors) against the server's."""
+
+    #: chat completion requests received
     requests: int = 0
+    #: faults injected, by kind (5xx, drop, malformed)
     errors: dict[str, int] = field(default_factory=dict)
     unauthorized: int = 0
 
@@ -87,6 +92,7 @@ class SimServer:
         app = web.Application(middlewares=[self._auth])
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/sim/stats", self._stats)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_post("/extras/tokenize", self._tokenize)
@@ -122,6 +128,11 @@ class SimServer:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"requests": self.stats.requests, "errors": dict(self.stats.errors)}
+        )
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response(

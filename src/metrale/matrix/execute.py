@@ -14,12 +14,13 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TextIO
 
 from metrale import runner
 from metrale.endpoint.client import ClientOptions, Target
 from metrale.errors import UsageError
-from metrale.matrix.cellfile import CellResult, read_records, summarize, write_cell
+from metrale.matrix.cellfile import CellResult, read_cell, read_records, summarize, write_cell
 from metrale.matrix.sweep import AXIS_PARAMS, Cell, Sweep, resolve_runtime
 from metrale.plugin import get_benchmark
 from metrale.runtime.base import RuntimeConfig
@@ -77,17 +78,26 @@ async def run_sweep(
     report: TextIO | None = sys.stdout,
     cells: Sequence[Cell] | None = None,
     runtime_retries: int = 0,
+    resume: bool = False,
 ) -> list[CellResult]:
     """Run `cells` (default: all of the plan) and write one file each; return their summaries.
 
     `targets` maps tier name to its probed target. The 2+2 preflight runs once per tier, on its
-    first cell, not once per cell: it checks the target, not the cell.
+    first cell, not once per cell: it checks the target, not the cell. With `resume`, a cell
+    whose file says it completed is not run again (its file is returned as it is); any other
+    cell runs afresh, replacing what its run directory held.
     """
     todo = list(plan.cells if cells is None else cells)
     options = client_options or ClientOptions()
     checked: set[str] = set()
     results = []
     for i, cell in enumerate(todo, 1):
+        done = _completed_cell(plan.sweep.out, cell) if resume else None
+        if done is not None:
+            if report is not None:
+                print(f"[{i}/{len(todo)}] {cell.name}  completed earlier: kept", file=report)
+            results.append(done)
+            continue
         target = targets[cell.tier.name]
         request = runner.RunRequest(
             benchmark=plan.sweep.benchmark,
@@ -101,6 +111,7 @@ async def run_sweep(
             runtime=plan.runtimes[cell.runtime],
             runtime_retries=runtime_retries,
             out=plan.sweep.out / "runs" / cell.name,
+            overwrite=True,  # a cell's run directory is the sweep's: re-running replaces it
             preflight=preflight and cell.tier.name not in checked,
             progress=progress,
         )
@@ -111,6 +122,18 @@ async def run_sweep(
             print(f"[{i}/{len(todo)}] {cell_line(result)}", file=report, flush=True)
         results.append(result)
     return results
+
+
+def _completed_cell(out: Path, cell: Cell) -> CellResult | None:
+    """The cell's file when it says completed; None when absent, failed or unreadable."""
+    path = out / f"{cell.name}.json"
+    if not path.is_file():
+        return None
+    try:
+        found = read_cell(path)
+    except UsageError:
+        return None
+    return found if found.status == "completed" else None
 
 
 async def run_cell(cell: Cell, request: runner.RunRequest) -> CellResult:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from metrale.errors import UsageError
+from metrale.errors import UsageError, read_user_file
 from metrale.runtime.base import RuntimeConfig
 
 #: The runtime axis value that runs rollouts in metrale's process, with no sandbox.
@@ -240,11 +240,7 @@ def check_tiers(tiers: Sequence[Tier]) -> None:
 def load_toml(path: Path) -> dict[str, Any]:
     """Read a sweep file; unknown keys are an error so that a typo never sweeps the default."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"sweep file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read sweep file {path}: {exc}") from None
+        data = tomllib.loads(read_user_file(path, "sweep file"))
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"sweep file {path} is not valid TOML: {exc}") from None
     unknown = set(data) - _TOML_KEYS

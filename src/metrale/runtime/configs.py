@@ -227,15 +227,36 @@ def runtime_factory(config: RuntimeConfig) -> Callable[[], Runtime]:
 
 
 def _check_ray_address(address: str) -> None:
-    """A HOST:PORT that does not accept a connection is a usage error now: `ray.init` would
-    retry it for minutes."""
+    """A cluster that is not there is a usage error now, before any rollout: `ray.init` would
+    retry a HOST:PORT for minutes, and with `auto` every rollout would fail to start. `auto`
+    is resolved as Ray does (RAY_ADDRESS, then the last `ray start` on this machine, then a
+    running GCS process); `local` starts a private cluster and needs nothing."""
+    if address == "auto":
+        address = _resolve_ray_auto()
     host, sep, port = address.rpartition(":")
     if not sep or "://" in address or not port.isdigit():
-        return  # auto, local, ray://...: ray itself fails fast or starts one
+        return  # local, ray://...: ray itself fails fast or starts one
     try:
         socket.create_connection((host, int(port)), timeout=5).close()
     except OSError as exc:
         raise UsageError(f"ray runtime: nothing answers at {address} ({exc})") from None
+
+
+def _resolve_ray_auto() -> str:
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        found = canonicalize_bootstrap_address("auto")
+    except Exception as exc:  # ConnectionError when none; ray's private API may also move
+        if not isinstance(exc, ConnectionError):
+            return "auto"  # cannot tell here: let ray.init decide
+        found = None
+    if not found:
+        raise UsageError(
+            "ray runtime: --ray-address auto found no running Ray cluster; accepted: start one "
+            "('ray start --head'), give HOST:PORT, or --ray-address local for a private one"
+        )
+    return str(found)
 
 
 def check_runtime(config: RuntimeConfig) -> None:

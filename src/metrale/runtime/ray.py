@@ -10,7 +10,12 @@ Importing this module imports `ray` (the `ray` extra); `create_runtime` does so 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import os
+import secrets
+import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -60,13 +65,66 @@ def connect(address: str) -> None:
     a private one); Ray's own connection is process-wide."""
     if ray.is_initialized():
         return
-    ray.init(
-        address=None if address == "local" else address,
-        namespace=NAMESPACE,
-        log_to_driver=False,
-        ignore_reinit_error=True,
-        include_dashboard=False if address == "local" else None,
-    )
+    if address == "local":
+        _start_private_cluster()
+        return
+    ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, ignore_reinit_error=True)
+
+
+#: Ray's token-auth settings (Ray >= 2.5x). Left unset, a new local cluster enables token auth
+#: and saves a token to ~/.ray/auth_token, which outlives the run: every later `ray start`
+#: on the machine then picks it up and clusters refuse each other (InvalidAuthToken).
+_AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+def _start_private_cluster() -> None:
+    """`--ray-address local`: a cluster of this process only, whose every file (sessions,
+    sockets, logs) lives in a temporary directory removed at exit, authenticated by a token
+    that lives only in this process's environment (inherited by its Ray workers), never on
+    disk. A user's own RAY_AUTH_* settings are respected."""
+    # Ray's socket paths (temp/session_<stamp>/sockets/plasma_store) must fit AF_UNIX's 107
+    # bytes: a long TMPDIR gives way to /tmp.
+    base = tempfile.gettempdir()
+    temp = tempfile.mkdtemp(prefix="metrale-ray-", dir=base if len(base) <= 32 else "/tmp")
+    saved = {name: os.environ.get(name) for name in _AUTH_ENV}
+    if all(v is None for v in saved.values()):
+        os.environ["RAY_AUTH_MODE"] = "token"
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+        _reload_ray_auth()
+    try:
+        ray.init(
+            address="local",
+            namespace=NAMESPACE,
+            log_to_driver=False,
+            include_dashboard=False,
+            _temp_dir=temp,
+        )
+    except BaseException:
+        _stop_private_cluster(temp, saved)
+        raise
+    atexit.register(_stop_private_cluster, temp, saved)
+
+
+def _reload_ray_auth() -> None:
+    """Ray reads its auth settings once, at import: make this process see the new ones (what
+    Ray itself does when it turns token auth on). A Ray without token auth has neither."""
+    with contextlib.suppress(ImportError, AttributeError):
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+
+
+def _stop_private_cluster(temp: str, saved: dict[str, str | None]) -> None:
+    with contextlib.suppress(Exception):
+        ray.shutdown()
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    _reload_ray_auth()
+    shutil.rmtree(temp, ignore_errors=True)
 
 
 class RayRuntime(RuntimeBase):

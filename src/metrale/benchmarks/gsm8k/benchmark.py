@@ -40,7 +40,6 @@ from metrale.rollout import (
     RolloutPlan,
     RolloutRecord,
     run_rollouts,
-    stage_spreads,
 )
 from metrale.runtime.configs import check_runtime, runtime_factory
 
@@ -147,6 +146,8 @@ class _Gsm8kRollout:
 
 
 def _record_call(record: RolloutRecord, call: CallRecord) -> None:
+    """The call's numbers onto the rollout's record; `retries` is set here, once, from the
+    call (the rollout driver does not add a failed call's retries again)."""
     record.retries = call.retries
     record.tokens.prompt = call.prompt_tokens
     record.tokens.completion = call.completion_tokens
@@ -156,7 +157,22 @@ def _record_call(record: RolloutRecord, call: CallRecord) -> None:
     record.metrics["finish_reason"] = call.finish_reason
 
 
+@dataclass
+class _Gsm8kProgress(Progress):
+    """The shared counters, and the one gsm8k adds: rewarded rollouts whose answer no rule
+    could parse."""
+
+    unparsed: int = 0
+
+    def add(self, record: RolloutRecord) -> None:
+        super().add(record)
+        if record.reward is not None and record.metrics.get("parsed") is None:
+            self.unparsed += 1
+
+
 class Gsm8kBenchmark:
+    #: `metrale run --resume` may finish one of its run directories (see `plugin.Resumable`)
+    resumable: ClassVar[bool] = True
     descriptor: ClassVar[Descriptor] = Descriptor(
         id="gsm8k",
         name="GSM8K",
@@ -169,7 +185,7 @@ class Gsm8kBenchmark:
         self.client: ChatClient | None = None
         self._handle: PluginHandle | None = None
         self._problems: list[Problem] = []
-        self._progress = Progress()
+        self._progress = _Gsm8kProgress(keep_records=False)
         self._work = BackgroundRun()
         self._logs: list[LogLine] = []
         self.grader = grader_script()
@@ -199,6 +215,10 @@ class Gsm8kBenchmark:
             # no sandbox here at all: a usage error, before work (probing may block: a thread)
             await asyncio.to_thread(check_runtime, handle.runtime)
         self._handle = handle
+        if handle.resume is not None:
+            for row in handle.resume.records():
+                if row.get("index") in handle.resume.indices:
+                    self._progress.add(RolloutRecord.model_validate(row))
         self._problems = load_problems()
         order = list(range(len(self._problems)))
         random.Random(self.values["seed"]).shuffle(order)
@@ -220,6 +240,8 @@ class Gsm8kBenchmark:
             make_runtime=runtime_factory(handle.runtime) if handle.runtime else None,
             runtime_name=handle.runtime.type if handle.runtime else None,
             runtime_retries=handle.runtime_retries,
+            skip=handle.resume.indices if handle.resume else frozenset(),
+            on_warning=lambda message: self._logs.append(LogLine(level="warn", message=message)),
         )
 
     async def next(self) -> BenchmarkResult:
@@ -229,11 +251,9 @@ class Gsm8kBenchmark:
             self._work.start(run_rollouts(self._plan(), self._progress))
         if not await self._work.wait(0.25):
             return self._snapshot(Status.RUNNING)
-        return self._snapshot(Status.COMPLETED, self._work.result())
+        return self._snapshot(Status.COMPLETED, final=True)
 
-    def _snapshot(
-        self, status: Status, records: list[RolloutRecord] | None = None
-    ) -> BenchmarkResult:
+    def _snapshot(self, status: Status, *, final: bool = False) -> BenchmarkResult:
         p = self._progress
         total = self.values["rollouts"]
         elapsed = self._work.elapsed_s
@@ -244,13 +264,14 @@ class Gsm8kBenchmark:
             done=p.done,
             total=total,
             summary=_progress_text(p, total),
+            logs=list(self._logs),
         )
-        if records is None:
+        if not final:
             return result
-        result.stages = stage_spreads(records)
-        result.metrics = _metrics(records, elapsed)
+        result.stages = p.spreads()
+        result.metrics = _metrics(p, elapsed)
         result.summary = (
-            f"{len(records)} rollouts, {result.metrics['errors']} errors, "
+            f"{p.done} rollouts, {result.metrics['errors']} errors, "
             f"accuracy {result.metrics['accuracy']:.3f}, e2e {elapsed:.2f} s"
         )
         result.table = Table(
@@ -264,17 +285,12 @@ class Gsm8kBenchmark:
                 ]
             ],
         )
-        errors = [r for r in records if r.error]
-        if errors:
-            kinds: dict[str, int] = {}
-            for r in errors:
-                assert r.error is not None
-                kinds[r.error.type] = kinds.get(r.error.type, 0) + 1
+        if p.error_kinds:
             self._logs.append(
                 LogLine(
                     level="warn",
                     message="failed rollouts: "
-                    + ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items())),
+                    + ", ".join(f"{k} x{v}" for k, v in sorted(p.error_kinds.items())),
                 )
             )
         result.logs = list(self._logs)
@@ -296,27 +312,21 @@ def _progress_text(p: Progress, total: int) -> str:
     return f"{p.done}/{total} rollouts · {p.errors} errors · reward {reward}"
 
 
-def _metrics(records: list[RolloutRecord], elapsed: float) -> dict[str, float | int | None]:
-    """Run-level numbers; `accuracy` counts failed rollouts as wrong, `reward_mean` skips them."""
-    rewards = [r.reward for r in records if r.reward is not None]
-    completion = [r.tokens.completion for r in records if r.tokens.completion is not None]
-    prompt = [r.tokens.prompt for r in records if r.tokens.prompt is not None]
-    sources = {r.tokens.source for r in records if r.tokens.source}
+def _metrics(p: _Gsm8kProgress, elapsed: float) -> dict[str, float | int | None]:
+    """Run-level numbers; `accuracy` counts failed rollouts as wrong, `reward_mean` skips them.
+    A resumed run's numbers cover its earlier records too; `e2e_s` is this process's part."""
+    completion = p.completion_tokens
     return {
-        "rollouts": len(records),
-        "errors": sum(1 for r in records if r.error),
-        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
-        "accuracy": sum(rewards) / len(records) if records else 0.0,
-        "unparsed": sum(
-            1 for r in records if r.reward is not None and r.metrics.get("parsed") is None
-        ),
-        "retries": sum(r.retries for r in records),
-        "runtime_retries": sum(r.runtime_retries for r in records),
+        "rollouts": p.done,
+        "errors": p.errors,
+        "reward_mean": p.mean_reward,
+        "accuracy": p.reward_sum / p.done if p.done else 0.0,
+        "unparsed": p.unparsed,
+        "retries": p.retries,
+        "runtime_retries": p.runtime_retries,
         "e2e_s": elapsed,
-        "prompt_tokens": sum(prompt) if prompt else None,
-        "completion_tokens": sum(completion) if completion else None,
-        "completion_tokens_per_s": sum(completion) / elapsed
-        if completion and elapsed > 0
-        else None,
-        "tokens_counted": 1 if "counted" in sources else 0,
+        "prompt_tokens": p.prompt_tokens,
+        "completion_tokens": completion,
+        "completion_tokens_per_s": completion / elapsed if completion and elapsed > 0 else None,
+        "tokens_counted": 1 if "counted" in p.token_sources else 0,
     }

@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 
 from metrale.endpoint.client import Target
-from metrale.errors import UsageError
+from metrale.errors import UsageError, read_user_file
 
 WORDS_PER_TOKEN = 1 / 1.3
 _VOCAB = [
@@ -138,12 +138,17 @@ class Prompt:
     max_tokens: int | None = None
 
 
+def _is_message(m: object) -> bool:
+    return (
+        isinstance(m, dict)
+        and isinstance(m.get("role"), str)
+        and isinstance(m.get("content", ""), str | list)
+    )
+
+
 def load_jsonl(path: Path) -> list[Prompt]:
     """Prompts from a JSONL file; a `UsageError` naming the first bad line otherwise."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"prompts file {path}: {exc.strerror or exc}") from None
+    text = read_user_file(path, "prompts file")
     prompts: list[Prompt] = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -161,6 +166,11 @@ def load_jsonl(path: Path) -> list[Prompt]:
             messages = [{"role": "user", "content": row["prompt"]}]
         elif isinstance(row.get("messages"), list) and row["messages"]:
             messages = row["messages"]
+            if not all(_is_message(m) for m in messages):
+                raise UsageError(
+                    f"prompts file {path} line {n}: each of 'messages' must be an object "
+                    "with a 'role' string and 'content' (a string or a list of parts)"
+                )
         else:
             raise UsageError(
                 f"prompts file {path} line {n}: needs 'prompt' (a string) or 'messages' (a list)"

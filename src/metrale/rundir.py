@@ -1,0 +1,157 @@
+"""The run directory's life: a new one, one refused, one resumed.
+
+A run directory holds `run.json`, `rollouts.jsonl` and `result.json` (see `runner`). This module
+decides what may be done to an existing one:
+
+- a **new run** into a directory that already holds records is refused (exit 2, nothing
+  touched) unless `overwrite`, which removes the old records and result first;
+- a **resumed run** keeps every record whose index is in range and, unless `retry_errors`,
+  every failed one; the rollouts without a kept record are run again. `rollouts.jsonl` stays
+  one record per index: a torn last line (a crash mid-write) is dropped, and with
+  `retry_errors` the failed records are moved (atomically: a new file, then a rename) to
+  `retried.jsonl`, so the summary of the resumed run counts each rollout once and the failed
+  attempts are still on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from metrale.errors import UsageError, read_user_file
+
+#: Files a run writes; an existing directory with any of them belongs to an earlier run.
+RUN_FILES = ("rollouts.jsonl", "result.json", "run.json", "requests.jsonl", "retried.jsonl")
+
+
+@dataclass(frozen=True)
+class ResumeScan:
+    """What `prepare_resume` found and kept."""
+
+    kept: frozenset[int]
+    failed_moved: int
+    torn_dropped: bool
+
+
+def check_new(path: Path, *, overwrite: bool) -> list[str]:
+    """Refuse, touching nothing, a path a new run may not use; the earlier run's files held."""
+    if str(path) == "":
+        raise UsageError("--out is empty; accepted: a directory path")
+    try:
+        is_dir = path.is_dir()
+        if path.exists() and not is_dir:
+            raise UsageError(f"run directory {path} exists and is not a directory")
+        held = [name for name in RUN_FILES if is_dir and (path / name).exists()]
+    except OSError as exc:
+        raise UsageError(f"run directory {path} cannot be used: {exc.strerror}") from None
+    if held and not overwrite:
+        raise UsageError(
+            f"run directory {path} already holds a run ({', '.join(held)}); "
+            "accepted: --resume to finish it, --overwrite to replace it, or another --out"
+        )
+    if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"run directory {path} is not writable")
+    return held
+
+
+def create_new(path: Path, *, overwrite: bool) -> Path:
+    """Make `path` for a new run; refuse one holding an earlier run's records."""
+    held = check_new(path, overwrite=overwrite)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        for name in held:
+            (path / name).unlink()
+    except OSError as exc:
+        raise UsageError(f"cannot create run directory {path}: {exc.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"run directory {path} is not writable")
+    return path
+
+
+def read_run_info(path: Path) -> dict[str, Any]:
+    """`run.json` of a directory to resume, as a dict; a UsageError when it is not a run."""
+    if not path.is_dir():
+        raise UsageError(f"--resume {path}: not a directory; accepted: a metrale run directory")
+    text = read_user_file(path / "run.json", "run file")
+    try:
+        info = json.loads(text)
+    except ValueError:
+        raise UsageError(f"--resume {path}: run.json is not JSON") from None
+    if not isinstance(info, dict) or not isinstance(info.get("benchmark"), str):
+        raise UsageError(f"--resume {path}: run.json names no benchmark")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"run directory {path} is not writable")
+    return info
+
+
+def scan_records(path: Path, count: int) -> tuple[dict[int, bool], int | None, int]:
+    """Index -> failed? of each whole record of `rollouts.jsonl` (the first per index, indices
+    in range only), the byte offset where a torn last line starts (None when none), and the
+    number of whole lines."""
+    found: dict[int, bool] = {}
+    torn_at: int | None = None
+    lines = 0
+    log = path / "rollouts.jsonl"
+    if not log.exists():
+        return found, None, 0
+    offset = 0
+    with log.open("rb") as f:
+        for raw in f:
+            start, offset = offset, offset + len(raw)
+            lines += 1
+            if not raw.endswith(b"\n"):
+                torn_at = start  # only the last line can lack its newline
+                lines -= 1
+                break
+            try:
+                row = json.loads(raw)
+                index = row["index"]
+            except (ValueError, KeyError, TypeError):
+                raise UsageError(
+                    f"--resume {path}: rollouts.jsonl has a damaged line at byte {start}"
+                ) from None
+            if isinstance(index, int) and 0 <= index < count and index not in found:
+                found[index] = row.get("error") is not None
+    return found, torn_at, lines
+
+
+def prepare_resume(path: Path, count: int, *, retry_errors: bool) -> ResumeScan:
+    """Make `rollouts.jsonl` hold exactly the records to keep; return their indices."""
+    found, torn_at, lines = scan_records(path, count)
+    failed = {i for i, bad in found.items() if bad} if retry_errors else set()
+    extra = lines - len(found)  # duplicates, or indices past a smaller count
+    if failed or extra:
+        _rewrite(path, keep=set(found) - failed)
+    elif torn_at is not None:
+        with (path / "rollouts.jsonl").open("r+b") as f:
+            f.truncate(torn_at)
+    return ResumeScan(
+        kept=frozenset(set(found) - failed),
+        failed_moved=len(failed),
+        torn_dropped=torn_at is not None,
+    )
+
+
+def _rewrite(path: Path, keep: set[int]) -> None:
+    """Keep the first record of each index in `keep`; the rest go to `retried.jsonl`. The new
+    rollouts.jsonl is written beside the old one and renamed over it: a crash here leaves one
+    or the other, never half."""
+    log = path / "rollouts.jsonl"
+    tmp = path / "rollouts.jsonl.tmp"
+    seen: set[int] = set()
+    with log.open("rb") as src, tmp.open("wb") as dst, (path / "retried.jsonl").open("ab") as old:
+        for raw in src:
+            if not raw.endswith(b"\n"):
+                break  # the torn tail
+            index = json.loads(raw).get("index")
+            if index in keep and index not in seen:
+                seen.add(index)
+                dst.write(raw)
+            else:
+                old.write(raw)
+        dst.flush()
+        os.fsync(dst.fileno())
+    tmp.replace(log)
