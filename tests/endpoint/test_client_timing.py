@@ -397,7 +397,7 @@ def test_a_closed_client_cannot_be_used_again() -> None:
 def test_documented_defaults() -> None:
     assert ClientOptions().model_dump() == {
         "request_timeout_s": 600.0, "retries": 2, "backoff_base_s": 0.25, "backoff_max_s": 8.0,
-        "stream": True,
+        "stream": True, "max_response_bytes": None,
     }  # fmt: skip
     record = CallRecord(started_at=1.0)
     assert (record.retries, record.ttft_s, record.error, record.tool_calls) == (0, None, None, [])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,17 @@ def _cgroups() -> set[str]:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_during_64_bwrap_starts_leaves_nothing(tmp_path: Path, sig: signal.Signals) -> None:
-    temp = tmp_path / "tmp"
-    temp.mkdir()
+    # As root, sandboxes run as an unprivileged uid, so their temp dirs go where that uid can
+    # pass (pytest's own tmp_path is 0700): a traversable dir of the test's own under /tmp.
+    temp = Path(tempfile.mkdtemp(prefix="metrale-faults-", dir="/tmp"))
+    temp.chmod(0o711)
+    try:
+        _signal_during_starts(tmp_path, temp, sig)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _signal_during_starts(tmp_path: Path, temp: Path, sig: signal.Signals) -> None:
     before = _cgroups()
     with start_sim("--ttft", "30") as sim:
         proc = spawn(
