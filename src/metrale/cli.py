@@ -92,7 +92,7 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
         metavar="PER_S",
         help="at most this many sandbox starts per second",
     )
-    g.add_argument("--image", help="docker: image (default python:3.12-slim)")
+    g.add_argument("--image", help="docker: image (default metrale/base:bookworm)")
     g.add_argument("--docker-cli", metavar="CLI", help="docker: CLI to use (docker, podman)")
     g.add_argument("--ray-address", metavar="ADDR", help="ray: auto, HOST:PORT or local")
     g.add_argument(
