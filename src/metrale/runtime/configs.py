@@ -124,6 +124,8 @@ def runtime_config(name: str, **options: Any) -> RuntimeConfig:
     options = {k: v for k, v in options.items() if v is not None}
     if name == "ray":
         own = {k: options.pop(k) for k in list(options) if k in RayConfig.model_fields}
+        if "output_cap_bytes" in own:  # the inner sandbox is what caps a command's output
+            options["output_cap_bytes"] = own["output_cap_bytes"]
         inner = own.pop("inner", "subprocess")
         if isinstance(inner, str):
             if inner not in ("subprocess", "bwrap"):
