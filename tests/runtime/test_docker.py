@@ -86,6 +86,8 @@ def test_both_clis_run_exec_copy_and_remove(cli: str, marker: str) -> None:
             assert who.stdout.split() == ["0", "/work"]
             with pytest.raises(FileNotFoundError):
                 await rt.read("missing.txt")
+            with pytest.raises(FileNotFoundError, match="not a regular file"):
+                await rt.read("deep")  # a directory holding a file is still no file
             return rt.name
 
     name = asyncio.run(main())

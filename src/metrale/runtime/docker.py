@@ -169,8 +169,9 @@ class DockerRuntime(RuntimeBase):
         if code != 0:
             raise FileNotFoundError(f"{path}: {err.strip()[:300]}")
         with tarfile.open(fileobj=io.BytesIO(out)) as archive:
-            member = next((m for m in archive.getmembers() if m.isfile()), None)
-            if member is None or member.size > READ_CAP_BYTES:
+            # the archive's first member is the path itself: a directory or a link is no file
+            member = archive.next()
+            if member is None or not member.isfile() or member.size > READ_CAP_BYTES:
                 raise FileNotFoundError(f"{path}: not a regular file of at most 1 GiB")
             handle = archive.extractfile(member)
             assert handle is not None
