@@ -6,6 +6,11 @@ are in flight, all released together, so at 512 the starts contend for the machi
 way a 512-rollout run's do. Percentiles are over the per-rollout setup durations.
 
     python benchmarks/runtime_setup.py --runtime subprocess,bwrap --concurrent 1,64,512
+    python benchmarks/runtime_setup.py --runtime docker --concurrent 1,64,512
+
+With `docker` in `--runtime`, a `docker-bare` row per concurrency is measured in the same run
+as the floor: a bare `docker run -d IMAGE sleep infinity` (then `rm -f`) through the same CLI
+and engine, so the runtime's own overhead is the difference of the two rows.
 """
 
 from __future__ import annotations
@@ -17,12 +22,26 @@ import os
 import platform
 import time
 
-from metrale.runtime import check_runtime, runtime_config, runtime_factory
+from metrale.runtime import DockerConfig, check_runtime, runtime_config, runtime_factory
+from metrale.runtime.procs import run_process
 from metrale.stats import percentile
 
 
+async def bare_docker(config: DockerConfig, i: int) -> tuple[float | None, bool]:
+    """(seconds of a bare `run -d IMAGE sleep infinity`, ok): the floor of the docker row."""
+    name = f"metrale-floor-{os.getpid()}-{i}"
+    argv = [config.cli, "run", "-d", "--name", name, "--label", "metrale.sandbox=1"]
+    argv += ["--label", f"metrale.sandbox.pid={os.getpid()}", config.image, "sleep", "infinity"]
+    started = time.perf_counter()
+    result = await run_process(argv, env=os.environ, cwd=None, timeout=600, cap=1 << 16)
+    took = time.perf_counter() - started
+    rm = [config.cli, "rm", "-f", name]
+    await run_process(rm, env=os.environ, cwd=None, timeout=300, cap=1 << 16)
+    return (took, True) if result.exit_code == 0 else (None, False)
+
+
 async def one_cell(name: str, rollouts: int, concurrent: int) -> dict[str, object]:
-    config = runtime_config(name)
+    config = runtime_config("docker" if name == "docker-bare" else name)
     check_runtime(config)
     make = runtime_factory(config)
     gate = asyncio.Semaphore(concurrent)
@@ -32,6 +51,13 @@ async def one_cell(name: str, rollouts: int, concurrent: int) -> dict[str, objec
     async def rollout(i: int) -> None:
         nonlocal errors
         async with gate:
+            if name == "docker-bare":
+                assert isinstance(config, DockerConfig)
+                took, ok = await bare_docker(config, i)
+                if took is not None:
+                    setups.append(took)
+                errors += not ok
+                return
             runtime = make()
             started = time.perf_counter()
             try:
@@ -79,7 +105,10 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rows = []
-    for name in args.runtime.split(","):
+    names = args.runtime.split(",")
+    if "docker" in names:
+        names.insert(names.index("docker"), "docker-bare")
+    for name in names:
         for concurrent in (int(c) for c in args.concurrent.split(",")):
             rollouts = args.rollouts or max(64, 2 * concurrent)
             rows.append(asyncio.run(one_cell(name, rollouts, concurrent)))

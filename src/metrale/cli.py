@@ -113,7 +113,7 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
         metavar="PER_S",
         help="at most this many sandbox starts per second",
     )
-    g.add_argument("--image", help="docker: image (default python:3.12-slim)")
+    g.add_argument("--image", help="docker: image (default metrale/base:bookworm)")
     g.add_argument("--docker-cli", metavar="CLI", help="docker: CLI to use (docker, podman)")
     g.add_argument("--ray-address", metavar="ADDR", help="ray: auto, HOST:PORT or local")
     g.add_argument(
@@ -770,8 +770,20 @@ def add_runtime_commands(sub: Any) -> None:
     ex.add_argument("--timeout", type=_positive_float, metavar="S", help="seconds (default none)")
     ex.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
     ex.set_defaults(handler=cmd_exec)
-    cl = sub.add_parser("cleanup", help="remove docker containers a killed run left behind")
+    cl = sub.add_parser(
+        "cleanup",
+        help="remove what killed runs left: labelled containers, bwrap workdirs and cgroups",
+        description="Remove the sandboxes of runs that are no longer alive: docker containers "
+        "with the metrale.sandbox label, bwrap workdirs and pids cgroups. What a live run uses "
+        "is kept. Exit 0, also when there is nothing to remove.",
+    )
     cl.add_argument("--docker-cli", metavar="CLI", default="docker")
+    cl.add_argument(
+        "--all",
+        action="store_true",
+        dest="everything",
+        help="also remove containers of live runs and of other hosts",
+    )
     cl.set_defaults(handler=cmd_cleanup)
 
 
@@ -812,15 +824,11 @@ def cmd_exec(args: argparse.Namespace, extra: Sequence[str]) -> int:
 
 
 def cmd_cleanup(args: argparse.Namespace, extra: Sequence[str]) -> int:
-    from metrale.runtime.docker import cleanup_containers
+    from metrale.runtime.cleanup import cleanup
 
     _no_extra(extra)
-    import shutil
-
-    if shutil.which(args.docker_cli) is None:
-        raise UsageError(f"{args.docker_cli!r} is not on PATH (--docker-cli)")
-    removed = run_async(lambda: cleanup_containers(args.docker_cli))
-    print(f"removed {len(removed)} metrale container(s)")
+    for line in cleanup(args.docker_cli, everything=args.everything).lines():
+        print(line)
     return 0
 
 

@@ -1,64 +1,135 @@
-"""The docker runtime: argv checks always; the real thing only where `docker info` answers."""
+"""The docker runtime: argv and usage checks always; the real thing on the engine that
+scripts/container-engine.sh brings up (found by tests/runtime/engine.py; fails in CI if absent).
+The promises every runtime shares are in test_conformance.py; here is what is docker's own."""
 
 from __future__ import annotations
 
 import asyncio
-import shutil
+import os
 import subprocess
+import sys
+import time
 
 import pytest
 
-from metrale.runtime import DockerConfig, create_runtime, runtime_config
+from metrale.errors import UsageError
+from metrale.runtime import DockerConfig, check_runtime, create_runtime, runtime_config
 from metrale.runtime.docker import LABEL, DockerRuntime
+from tests.runtime.engine import SCRIPT, labelled_containers, require_engine
 
 
-def engine_reason() -> str | None:
-    """Why there is no engine to test against, or None when `docker info` answers."""
-    if shutil.which("docker") is None:
-        return "no docker CLI on PATH"
-    try:
-        probe = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=20)
-    except subprocess.TimeoutExpired:
-        return "'docker info' did not answer in 20 s"
-    if probe.returncode != 0:
-        last = (probe.stderr.strip().splitlines() or ["failed"])[-1]
-        return f"'docker info' failed: {last}"
-    return None
-
-
-NO_ENGINE = engine_reason()
-needs_engine = pytest.mark.skipif(NO_ENGINE is not None, reason=f"no docker engine: {NO_ENGINE}")
-
-
-def test_run_argv_labels_limits_and_isolates() -> None:
-    rt = create_runtime(runtime_config("docker", image="img:1", cli="podman", max_procs=9))
+def test_run_argv_labels_limits_and_isolates(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("METRALE_TEST_API_KEY", "secret-in-argv")
+    config = runtime_config("docker", cli="podman", max_procs=9, env={"GIVEN": "1"})
+    rt = create_runtime(config)
     assert isinstance(rt, DockerRuntime)
     argv = rt.run_argv()
     assert argv[:3] == ["podman", "run", "-d"]
-    assert f"{LABEL}=1" in argv and "img:1" in argv
+    assert "metrale/base:bookworm" in argv
+    assert f"{LABEL}=1" in argv and f"{LABEL}.pid={os.getpid()}" in argv
     assert argv[argv.index("--network") + 1] == "none"
     assert argv[argv.index("--pids-limit") + 1] == "9"
-    assert "--memory" in argv and "--cpus" in argv and "--init" in argv
+    assert argv[argv.index("--memory") + 1] == "2048m"
+    assert argv[argv.index("--memory-swap") + 1] == "2048m"
+    assert argv[argv.index("--pull") + 1] == "never"
+    assert "--init" in argv and "--cpus" in argv
+    assert argv[argv.index("--cap-drop") + 1] == "ALL"
+    assert "GIVEN=1" in argv
+    assert not any("secret-in-argv" in a for a in argv)
 
 
-@needs_engine
-def test_container_runs_commands_and_is_removed_on_stop(marker: str) -> None:
+def test_a_missing_cli_or_engine_is_one_line_naming_the_script(tmp_path: object) -> None:
+    with pytest.raises(UsageError, match="container-engine.sh up"):
+        check_runtime(DockerConfig(cli="no-such-docker-cli"))
+    env = {**os.environ, "DOCKER_HOST": "unix:///nonexistent/metrale.sock"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "metrale", "exec", "--runtime", "docker", "--", "true"],
+        capture_output=True, text=True, timeout=60, env=env, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "no container engine" in lines[0] and "container-engine.sh up" in lines[0]
+    assert "/nonexistent/metrale.sock" in lines[0]
+
+
+def test_a_missing_image_is_a_usage_error_before_any_work() -> None:
+    require_engine()
+    with pytest.raises(UsageError, match="'no-such/image:1' is not in the engine"):
+        check_runtime(DockerConfig(image="no-such/image:1"))
+
+
+def test_engine_status_prints_the_exports() -> None:
+    require_engine()
+    status = subprocess.run(["bash", str(SCRIPT), "status"], capture_output=True, text=True)
+    assert status.returncode == 0, status.stdout
+    assert "export DOCKER_HOST=unix://" in status.stdout
+    assert "export CONTAINERS_CONF=" in status.stdout
+
+
+@pytest.mark.parametrize("cli", ["docker", "podman"])
+def test_both_clis_run_exec_copy_and_remove(cli: str, marker: str) -> None:
+    require_engine()
+    payload = bytes(range(256)) * 64  # binary-safe both ways
+
     async def main() -> str:
-        async with create_runtime(DockerConfig()) as rt:
+        async with create_runtime(DockerConfig(cli=cli, env={"FROM_CONFIG": "c"})) as rt:
             assert isinstance(rt, DockerRuntime)
-            await rt.write("q.txt", marker)
-            result = await rt.run("cat q.txt")
-            assert result.stdout == marker
-            slow = await rt.run("sleep 30", timeout=1)
-            assert slow.timed_out and slow.exit_code == 124
-            net = await rt.run(
-                "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)\""
-            )
-            assert net.exit_code != 0
+            await rt.write("deep/dir/blob.bin", payload)
+            size = await rt.run("wc -c < deep/dir/blob.bin")
+            assert size.stdout.strip() == str(len(payload))
+            assert await rt.read("/work/deep/dir/blob.bin") == payload
+            env = await rt.run('echo "$FROM_CONFIG $GIVEN"', env={"GIVEN": marker})
+            assert env.stdout.strip() == f"c {marker}"
+            assert (await rt.run("exit 7")).exit_code == 7
+            who = await rt.run("id -u; pwd")
+            assert who.stdout.split() == ["0", "/work"]
+            with pytest.raises(FileNotFoundError):
+                await rt.read("missing.txt")
+            with pytest.raises(FileNotFoundError, match="not a regular file"):
+                await rt.read("deep")  # a directory holding a file is still no file
             return rt.name
 
     name = asyncio.run(main())
-    left = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"name={name}"], capture_output=True, text=True
-    )
-    assert left.stdout.strip() == ""
+    assert not labelled_containers(**{f"{LABEL}.pid": str(os.getpid())}), f"{name} left"
+
+
+def test_podman_stop_does_not_wait_for_the_stop_timeout() -> None:
+    require_engine()
+
+    async def main() -> float:
+        rt = create_runtime(DockerConfig(cli="podman"))
+        await rt.start()
+        began = time.perf_counter()
+        await rt.stop()
+        return time.perf_counter() - began
+
+    # without `-t 0` podman sends SIGTERM and waits 10 s before SIGKILL
+    assert asyncio.run(main()) < 8
+
+
+def test_exec_sessions_do_not_pile_up_conmon_processes() -> None:
+    """podman keeps two conmons per exec for `exit_command_delay` (300 s by default): the
+    engine's config bounds them to the last seconds' execs; 60 execs leave none after ~10 s."""
+    require_engine()
+    if not os.environ.get("CONTAINERS_CONF"):
+        pytest.skip("not the engine of scripts/container-engine.sh (no CONTAINERS_CONF)")
+
+    def conmons(container: str) -> int:
+        out = subprocess.run(["pgrep", "-f", f"conmon.* -c {container}"], capture_output=True)
+        return len(out.stdout.split())
+
+    async def main() -> tuple[int, int]:
+        async with create_runtime(DockerConfig()) as rt:
+            assert isinstance(rt, DockerRuntime) and rt.container
+            for i in range(60):
+                result = await rt.run(f"exit {i % 5}")
+                assert result.exit_code == i % 5  # the exit code survives the short delay
+            peak = conmons(rt.container)
+            deadline = time.monotonic() + 30
+            while conmons(rt.container) > 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
+            return peak, conmons(rt.container)
+
+    peak, settled = asyncio.run(main())
+    assert settled <= 1, f"{settled} conmon processes still alive (peak {peak})"

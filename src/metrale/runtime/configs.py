@@ -6,6 +6,7 @@ imported only when a runtime of their kind is created, so `ray` stays an optiona
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -19,6 +20,9 @@ from metrale.runtime.base import Runtime, RuntimeConfig
 from metrale.runtime.procs import Limits, RateLimiter
 
 RUNTIMES: tuple[str, ...] = ("subprocess", "bwrap", "docker", "ray")
+#: The docker runtime's image: built offline by `bash scripts/container-engine.sh up`.
+DEFAULT_IMAGE = "metrale/base:bookworm"
+ENGINE_UP = "bash scripts/container-engine.sh up"
 
 
 class Bind(BaseModel):
@@ -66,16 +70,18 @@ class BwrapConfig(RuntimeConfig):
 
 
 class DockerConfig(RuntimeConfig):
-    """A container from any docker-compatible CLI, kept alive with `sleep infinity`."""
+    """A container from any docker-compatible CLI, kept alive with `sleep infinity` under
+    `--init`. The default image is the one scripts/container-engine.sh builds from Debian's
+    packages (no registry needed); images are never pulled during a run."""
 
     type: Literal["docker"] = "docker"  # type: ignore[assignment]
-    image: str = "python:3.12-slim"
+    image: str = DEFAULT_IMAGE
     cli: str = "docker"
-    network: str = "none"
-    cpus: float | None = 1.0
-    memory_mb: int | None = 2048
-    max_procs: int | None = 256
-    workdir: str = "/work"
+    network: str = Field(default="none", description="none (default), bridge, host, ...")
+    cpus: float | None = Field(default=1.0, gt=0)
+    memory_mb: int | None = Field(default=2048, gt=0, description="RAM + swap of the container")
+    max_procs: int | None = Field(default=256, gt=0, description="--pids-limit")
+    workdir: str = Field(default="/work", pattern="^/")
     env: dict[str, str] = Field(default_factory=dict)
 
 
@@ -124,6 +130,8 @@ def runtime_config(name: str, **options: Any) -> RuntimeConfig:
     options = {k: v for k, v in options.items() if v is not None}
     if name == "ray":
         own = {k: options.pop(k) for k in list(options) if k in RayConfig.model_fields}
+        if "output_cap_bytes" in own:  # the inner sandbox is what caps a command's output
+            options["output_cap_bytes"] = own["output_cap_bytes"]
         inner = own.pop("inner", "subprocess")
         if isinstance(inner, str):
             if inner not in ("subprocess", "bwrap"):
@@ -276,20 +284,46 @@ def check_runtime(config: RuntimeConfig) -> None:
 
         check_bwrap(config)
     elif isinstance(config, DockerConfig):
-        if shutil.which(config.cli) is None:
-            raise UsageError(f"docker runtime: {config.cli!r} is not on PATH (--docker-cli)")
-        try:
-            probe = subprocess.run(
-                [config.cli, "info"], capture_output=True, text=True, timeout=20, check=False
-            )
-        except subprocess.TimeoutExpired:
-            raise UsageError(f"docker runtime: '{config.cli} info' did not answer") from None
-        if probe.returncode != 0:
-            why = (probe.stderr.strip().splitlines() or ["no engine"])[-1]
-            raise UsageError(f"docker runtime: '{config.cli} info' failed: {why[:200]}")
+        check_docker(config)
     elif (
         isinstance(config, SubprocessConfig)
         and any(v is not None for v in config.limits.model_dump().values())
         and not shutil.which("prlimit")
     ):
         raise UsageError("subprocess runtime: resource limits need 'prlimit' (util-linux)")
+
+
+def _engine_probe(argv: list[str], what: str) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except subprocess.TimeoutExpired:
+        raise UsageError(f"docker runtime: '{what}' did not answer in 30 s") from None
+    except OSError as exc:
+        raise UsageError(f"docker runtime: cannot run {argv[0]!r}: {exc}") from None
+
+
+def check_docker(config: DockerConfig) -> None:
+    """The CLI exists, an engine answers it, and the image is there (never pulled mid-run:
+    64 rollouts would pull it 64 times, timed as setup). Each failure names the fix."""
+    cli = config.cli
+    if shutil.which(cli) is None:
+        raise UsageError(
+            f"docker runtime: {cli!r} is not on PATH (pick one with --docker-cli); "
+            f"to install and start an engine: {ENGINE_UP}"
+        )
+    probe = _engine_probe([cli, "version", "--format", "{{.Server.Version}}"], f"{cli} version")
+    if probe.returncode != 0 or not probe.stdout.strip():
+        where = os.environ.get("DOCKER_HOST", "the default socket")
+        why = (probe.stderr.strip().splitlines() or ["no engine"])[-1][:200]
+        raise UsageError(
+            f"docker runtime: no container engine answers {cli!r} at {where} ({why}); "
+            f'start one with: eval "$({ENGINE_UP})"'
+        )
+    image = _engine_probe([cli, "image", "inspect", config.image], f"{cli} image inspect")
+    if image.returncode != 0:
+        hint = (
+            f"build it with: {ENGINE_UP}"
+            if config.image == DEFAULT_IMAGE
+            else f"'{cli} pull {config.image}' or build it first"
+        )
+        raise UsageError(f"docker runtime: image {config.image!r} is not in the engine; {hint}")

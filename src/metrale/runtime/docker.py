@@ -1,27 +1,65 @@
-"""The docker runtime: one container per rollout through any docker-compatible CLI.
+"""The docker runtime: one container per rollout through any docker-compatible CLI (the docker
+CLI against dockerd or against podman's Docker-API socket, or podman itself).
 
-`start()` is `docker run -d` of the image with `sleep infinity` (network `none` by default, CPU,
-memory and process limits, the `metrale.sandbox` label); `run()` is `docker exec`, wrapped in
-the image's `timeout` so a command that outlives its limit is killed inside the container, not
-only its client; `stop()` is `docker rm -f`. Containers that a killed run left behind carry the
-label, and `metrale cleanup` removes them.
+`start()` is `run -d --init` of the image with `sleep infinity` under a tiny init that reaps
+what commands leave behind (with `sleep` as PID 1, finished children count against
+`--pids-limit` until no exec can start). Network `none`, memory, swap, pids and CPU limits, no
+new privileges and a reduced capability set by default. Only `config.env` and the runtime's
+minimal env go in, always as `-e NAME=VALUE`: metrale's own environment never reaches the
+container. `run()` is `exec`, wrapped in the image's `timeout` so a command that outlives its
+limit is killed inside the container, not only its client. `read()`/`write()` are `cp` of a tar
+stream (binary-safe, resolved by the engine inside the container's root, no exec session).
+`stop()` removes without waiting (`rm -f`; podman's CLI needs `-t 0` or waits 10 s).
+
+Containers carry the `metrale.sandbox` label with the owning pid and host. A watchdog, one per
+metrale process, removes that process's containers when it dies (SIGKILL included), and
+`metrale cleanup` removes what is left of runs on this host that are no longer alive.
+
+podman keeps two conmon processes per exec session alive for `exit_command_delay` seconds so an
+API client can read the exit code; scripts/container-engine.sh sets 5 s (default 300), which
+bounds them to the execs of the last few seconds.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import io
 import os
+import posixpath
 import shlex
+import socket
+import subprocess
+import sys
+import tarfile
 import uuid
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import ClassVar
 
-from metrale.errors import UsageError
 from metrale.runtime.base import ProgramResult, RuntimeBase, RuntimeStartError, Throttle
 from metrale.runtime.configs import DockerConfig
-from metrale.runtime.procs import run_process
+from metrale.runtime.procs import killpg, run_process
 
 LABEL = "metrale.sandbox"
+PID_LABEL = f"{LABEL}.pid"
+HOST_LABEL = f"{LABEL}.host"
 #: Seconds past a command's timeout before its `docker exec` client is killed as well.
 CLIENT_GRACE_S = 5.0
+#: What every container's processes get besides `config.env`: the image's PATH may be absent
+#: (an imported rootfs has none), and nothing of metrale's environment goes in.
+MINIMAL_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+#: Capabilities kept (the rest dropped): enough for package tools and servers inside.
+CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
+#: How each exec enters its directory ($0) before it runs the command ("$@"); the workdir
+#: ($1 of the format) is made first if the entry command has not made it yet.
+ENTER = 'mkdir -p -- {workdir} 2>/dev/null; cd -- "$0" && exec "$@"'
+#: Largest file `read()` returns.
+READ_CAP_BYTES = 1 << 30
+
+
+def is_podman(cli: str) -> bool:
+    return Path(cli).name.startswith("podman")
 
 
 class DockerRuntime(RuntimeBase):
@@ -32,21 +70,27 @@ class DockerRuntime(RuntimeBase):
         self.name = f"metrale-{uuid.uuid4().hex[:16]}"
         self.container: str | None = None
         self._stopped = False
+        self._removal: asyncio.Task[None] | None = None
 
     def run_argv(self) -> list[str]:
         cfg = self.config
-        # --init: a tiny PID 1 that reaps the orphans a command's background jobs leave (sleep
-        # as PID 1 would let them pile up as zombies for the sandbox's whole life)
-        argv = [cfg.cli, "run", "-d", "--rm", "--init", "--name", self.name]
-        argv += ["--label", f"{LABEL}=1"]
-        argv += ["--label", f"{LABEL}.pid={os.getpid()}", "--network", cfg.network]
+        argv = [cfg.cli, "run", "-d", "--rm", "--init", "--pull", "never", "--name", self.name]
+        argv += ["--label", f"{LABEL}=1", "--label", f"{PID_LABEL}={os.getpid()}"]
+        argv += ["--label", f"{HOST_LABEL}={socket.gethostname()}", "--network", cfg.network]
         if cfg.cpus is not None:
             argv += ["--cpus", str(cfg.cpus)]
         if cfg.memory_mb is not None:
-            argv += ["--memory", f"{cfg.memory_mb}m"]
+            # swap as large as memory: the limit is on RAM + swap, not RAM alone
+            argv += ["--memory", f"{cfg.memory_mb}m", "--memory-swap", f"{cfg.memory_mb}m"]
         if cfg.max_procs is not None:
             argv += ["--pids-limit", str(cfg.max_procs)]
-        argv += ["--workdir", cfg.workdir, "--entrypoint", "sh", cfg.image]
+        argv += ["--security-opt", "no-new-privileges", "--cap-drop", "ALL"]
+        for cap in CAPABILITIES:
+            argv += ["--cap-add", cap]
+        for key, value in {**MINIMAL_ENV, **cfg.env}.items():
+            argv += ["-e", f"{key}={value}"]
+        # no --workdir: podman's CLI refuses one the image lacks; each exec enters it instead
+        argv += ["--entrypoint", "sh", cfg.image]
         argv += ["-c", f"mkdir -p {shlex.quote(cfg.workdir)} && exec sleep infinity"]
         return argv
 
@@ -55,7 +99,7 @@ class DockerRuntime(RuntimeBase):
     ) -> ProgramResult:
         return await run_process(
             argv,
-            env=os.environ,  # the host's CLI (registry auth); the container gets only -e
+            env=os.environ,  # for the CLI (DOCKER_HOST, CONTAINERS_CONF); the container gets -e
             cwd=None,
             timeout=timeout,
             cap=self.config.output_cap_bytes,
@@ -66,6 +110,7 @@ class DockerRuntime(RuntimeBase):
         await self._await_throttle()
         if self._stopped:
             raise RuntimeStartError("runtime already stopped")
+        ensure_watchdog(self.config.cli)
         try:
             result = await self._cli(self.run_argv(), timeout=600)
         except OSError as exc:
@@ -73,7 +118,12 @@ class DockerRuntime(RuntimeBase):
         if result.exit_code != 0:
             why = (result.stderr.strip().splitlines() or [f"exit {result.exit_code}"])[-1]
             raise RuntimeStartError(f"{self.config.cli} run failed: {why[:300]}")
-        self.container = result.stdout.strip() or self.name
+        self.container = result.stdout.strip().splitlines()[-1] if result.stdout else self.name
+
+    def _path(self, path: str) -> str:
+        """An absolute, normalised path inside the container (relative: under the workdir)."""
+        full = path if path.startswith("/") else f"{self.config.workdir}/{path}"
+        return posixpath.normpath(full)
 
     def _exec_argv(
         self,
@@ -81,21 +131,20 @@ class DockerRuntime(RuntimeBase):
         env: Mapping[str, str] | None,
         cwd: str | None,
         timeout: float | None,
-        interactive: bool = False,
     ) -> list[str]:
         if self.container is None or self._stopped:
             raise RuntimeError("docker runtime is not started")
         out = [self.config.cli, "exec"]
-        if interactive:
-            out.append("-i")
-        if cwd:
-            out += ["-w", cwd if cwd.startswith("/") else f"{self.config.workdir}/{cwd}"]
-        for key, value in {**self.config.env, **(env or {})}.items():
+        for key, value in (env or {}).items():
             out += ["-e", f"{key}={value}"]
         out.append(self.container)
         if timeout is not None:
             out += ["timeout", "-s", "KILL", str(timeout)]
-        return out + list(argv)
+        # `cd` inside rather than `exec -w`: the same with every CLI, and the workdir is made
+        # by the container's entry command, which may still be running at the first exec
+        where = self._path(cwd or self.config.workdir)
+        enter = ENTER.format(workdir=shlex.quote(self.config.workdir))
+        return [*out, "sh", "-c", enter, where, *argv]
 
     async def run(
         self,
@@ -113,42 +162,126 @@ class DockerRuntime(RuntimeBase):
         return result
 
     async def read(self, path: str) -> bytes:
-        result = await self._cli(self._exec_argv(["cat", "--", path], None, None, None))
-        if result.exit_code != 0:
-            raise FileNotFoundError(f"{path}: {result.stderr.strip()}")
-        return result.stdout.encode()
+        if self.container is None or self._stopped:
+            raise RuntimeError("docker runtime is not started")
+        full = self._path(path)
+        code, out, err = await run_bytes([self.config.cli, "cp", f"{self.container}:{full}", "-"])
+        if code != 0:
+            raise FileNotFoundError(f"{path}: {err.strip()[:300]}")
+        with tarfile.open(fileobj=io.BytesIO(out)) as archive:
+            # the archive's first member is the path itself: a directory or a link is no file
+            member = archive.next()
+            if member is None or not member.isfile() or member.size > READ_CAP_BYTES:
+                raise FileNotFoundError(f"{path}: not a regular file of at most 1 GiB")
+            handle = archive.extractfile(member)
+            assert handle is not None
+            return handle.read()
 
     async def write(self, path: str, data: bytes | str) -> None:
+        if self.container is None or self._stopped:
+            raise RuntimeError("docker runtime is not started")
         payload = data.encode() if isinstance(data, str) else data
-        script = 'mkdir -p -- "$(dirname -- "$0")" && cat > "$0"'
-        argv = self._exec_argv(["sh", "-c", script, path], None, None, None, interactive=True)
-        result = await self._cli(argv, stdin=payload)
-        if result.exit_code != 0:
-            raise OSError(f"cannot write {path} in the container: {result.stderr.strip()}")
+        full = self._path(path)
+        # one member named by its whole path, extracted at /: the engine creates the parents
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as archive:
+            info = tarfile.TarInfo(full.lstrip("/"))
+            info.size, info.mode = len(payload), 0o644
+            archive.addfile(info, io.BytesIO(payload))
+        argv = [self.config.cli, "cp", "-", f"{self.container}:/"]
+        code, _, err = await run_bytes(argv, stdin=buf.getvalue())
+        if code != 0:
+            raise OSError(f"cannot write {path} in the container: {err.strip()[:300]}")
 
     async def stop(self) -> None:
-        if self._stopped:
-            return
-        self._stopped = True
-        # remove by name: a container whose `run -d` was interrupted still goes
-        await self._cli([self.config.cli, "rm", "-f", self.name], timeout=120)
+        """Removes the container; a cancellation while it is removed waits for the removal
+        to finish (a half-stopped sandbox would outlive the run), then propagates."""
+        if self._removal is None:
+            self._stopped = True
+            self._removal = asyncio.ensure_future(self._remove())
+        cancelled = False
+        while not self._removal.done():
+            try:
+                await asyncio.shield(self._removal)
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
+
+    async def _remove(self) -> None:
+        # by name: a container whose `run -d` was interrupted still goes
+        argv = [self.config.cli, "rm", "-f"]
+        if is_podman(self.config.cli):
+            argv += ["-t", "0"]
+        with contextlib.suppress(OSError):
+            await self._cli([*argv, self.name], timeout=120)
 
 
-async def cleanup_containers(cli: str = "docker") -> list[str]:
-    """Remove every container labelled by metrale (left by a killed run); returns their ids."""
-    listing = await run_process(
-        [cli, "ps", "-aq", "--filter", f"label={LABEL}"],
-        env=os.environ,
-        cwd=None,
-        timeout=120,
-        cap=1 << 20,
+async def run_bytes(
+    argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 300
+) -> tuple[int, bytes, str]:
+    """(exit code, stdout bytes, stderr text) of a CLI call whose output is data, not text;
+    killed with its process group on timeout or cancellation."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
     )
-    if listing.exit_code != 0:
-        why = (listing.stderr.strip().splitlines() or ["no engine"])[-1]
-        raise UsageError(f"'{cli} ps' failed: {why[:200]}")
-    ids = listing.stdout.split()
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+    except BaseException:
+        killpg(proc.pid)
+        with contextlib.suppress(Exception):
+            await proc.wait()
+        raise
+    if len(out) > READ_CAP_BYTES + (1 << 20):
+        return 1, b"", "file larger than 1 GiB"
+    return proc.returncode or 0, out, err.decode(errors="replace")
+
+
+#: The watchdog's program: wait for the owning process to die (a pidfd, so a reused pid is
+#: never mistaken for it), then remove that process's labelled containers, twice, since a
+#: `run -d` in flight at the kill may create one after the first sweep.
+_WATCHDOG = """
+import os, select, subprocess, sys, time
+cli, pid, host = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+try:
+    fd = os.pidfd_open(pid)
+    select.select([fd], [], [])
+except (OSError, AttributeError):
+    while os.path.exists(f"/proc/{pid}"):
+        time.sleep(0.5)
+rm = [cli, "rm", "-f"] + (["-t", "0"] if os.path.basename(cli).startswith("podman") else [])
+for delay in (0, 2, 5):
+    time.sleep(delay)
+    ids = subprocess.run(
+        [cli, "ps", "-aq", "--filter", f"label=metrale.sandbox.pid={pid}",
+         "--filter", f"label=metrale.sandbox.host={host}"],
+        capture_output=True, text=True, timeout=120,
+    ).stdout.split()
     if ids:
-        await run_process(
-            [cli, "rm", "-f", *ids], env=os.environ, cwd=None, timeout=300, cap=1 << 20
-        )
-    return ids
+        subprocess.run(rm + ids, capture_output=True, timeout=300)
+"""
+
+
+class _Watchdogs:
+    """One watchdog process per (metrale process, CLI): a process-wide resource by nature,
+    since it outlives every runtime and must exist once whatever number of sandboxes run."""
+
+    started: ClassVar[dict[tuple[int, str], subprocess.Popen[bytes]]] = {}
+
+
+def ensure_watchdog(cli: str) -> None:
+    key = (os.getpid(), cli)
+    if key in _Watchdogs.started:
+        return
+    _Watchdogs.started[key] = subprocess.Popen(
+        [sys.executable, "-c", _WATCHDOG, cli, str(os.getpid()), socket.gethostname()],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # Ctrl-C of metrale's group must not take it down first
+        env={**os.environ, "METRALE_DOCKER_WATCHDOG": str(os.getpid())},
+    )

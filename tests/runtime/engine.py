@@ -1,0 +1,69 @@
+"""Finding the container engine for the docker tests: DOCKER_HOST (or the CLI's default) when
+an engine answers there, else the one scripts/container-engine.sh reports as up (its `status`
+prints the exports, applied here to this test process). Locally a missing engine skips with the
+reason; in CI (CI=true, where .ci/run brings the engine up) it fails."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from metrale.runtime.configs import DEFAULT_IMAGE
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "container-engine.sh"
+
+
+def _answers() -> str | None:
+    """None when `docker` reaches an engine holding the default image, else why not."""
+    try:
+        probe = subprocess.run(
+            ["docker", "image", "inspect", DEFAULT_IMAGE],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return "'docker image inspect' did not answer in 30 s"
+    if probe.returncode != 0:
+        return (probe.stderr.strip().splitlines() or ["failed"])[-1][:200]
+    return None
+
+
+def _find() -> str | None:
+    if shutil.which("docker") is None:
+        return "no docker CLI on PATH"
+    why = _answers()
+    if why is None:
+        return None
+    status = subprocess.run(
+        ["bash", str(SCRIPT), "status"], capture_output=True, text=True, timeout=60, check=False
+    )
+    if status.returncode != 0:
+        return f"{why}; and {SCRIPT.name} status says the engine is not up"
+    for line in status.stdout.splitlines():
+        if line.startswith("export ") and "=" in line:
+            key, _, value = line.removeprefix("export ").partition("=")
+            os.environ[key] = value
+    return _answers()
+
+
+NO_ENGINE = _find()
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def require_engine() -> None:
+    """Skip (locally) or fail (in CI) when there is no engine to test against."""
+    if NO_ENGINE is not None:
+        message = f"no container engine ({NO_ENGINE}); bring one up: bash {SCRIPT} up"
+        if IN_CI:
+            pytest.fail(f"CI must run the docker tests: {message}")
+        pytest.skip(message)
+
+
+def labelled_containers(**labels: str) -> list[str]:
+    argv = ["docker", "ps", "-aq", "--filter", "label=metrale.sandbox"]
+    for key, value in labels.items():
+        argv += ["--filter", f"label={key}={value}"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout.split()

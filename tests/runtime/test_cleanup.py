@@ -1,0 +1,132 @@
+"""`metrale cleanup`: removes the leftovers of dead runs (containers, bwrap workdirs and pids
+cgroups), keeps what a live run uses, says what it did, exits 0 when there is nothing to do."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from metrale.runtime.cleanup import CleanupReport, clean_bwrap
+from metrale.runtime.procs import _own_cgroup
+from tests.runtime.engine import labelled_containers, require_engine
+
+
+def metrale_cleanup(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "metrale", "cleanup", *args],
+        capture_output=True, text=True, timeout=300, env=env, check=False,
+    )  # fmt: skip
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(["sleep", "600"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_nothing_to_do_is_exit_0_even_without_an_engine(tmp_path: Path) -> None:
+    env = {**os.environ, "DOCKER_HOST": "unix:///nonexistent/x.sock", "TMPDIR": str(tmp_path)}
+    proc = metrale_cleanup(env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "containers not checked" in proc.stdout  # says why docker was not looked at
+    # cgroups are host-wide: another run's leftovers may be removed here, and then said
+    removed = [line for line in proc.stdout.splitlines() if line.startswith("removed ")]
+    assert ("nothing to remove" in proc.stdout) == (not removed)
+
+
+def test_workdir_of_a_dead_sandbox_goes_one_in_use_stays(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    dead = tmp_path / "metrale-bwrap-dead0001"
+    (dead / "sub").mkdir(parents=True)
+    (dead / "sub" / "f").write_text("x")
+    live = tmp_path / "metrale-bwrap-live0001"
+    live.mkdir()
+    # a live process naming the workdir in its command line stands for its live bwrap
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", str(live)])
+    try:
+        report = CleanupReport()
+        clean_bwrap(report, tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not dead.exists()
+    assert live.is_dir()
+    assert report.removed == [f"workdir {dead}"]
+    assert any(str(live) in k for k in report.kept)
+    unrelated = tmp_path / "other-dir"
+    unrelated.mkdir()
+    clean_bwrap(CleanupReport(), tmp_path)
+    assert unrelated.is_dir() and not live.exists()
+
+
+def test_pids_cgroups_empty_go_busy_stay(sleeper: subprocess.Popen[bytes]) -> None:
+    parent = _own_cgroup("pids")
+    if parent is None or not os.access(parent, os.W_OK):
+        pytest.skip("no writable pids cgroup here (bwrap falls back to RLIMIT_NPROC)")
+    empty = parent / f"metrale-bwrap-{uuid.uuid4().hex[:8]}"
+    busy = parent / f"metrale-bwrap-{uuid.uuid4().hex[:8]}"
+    empty.mkdir()
+    busy.mkdir()
+    try:
+        (busy / "cgroup.procs").write_text(str(sleeper.pid))
+        report = CleanupReport()
+        clean_bwrap(report, Path("/nonexistent"))
+        assert not empty.exists()
+        assert busy.exists()
+        assert f"cgroup {empty}" in report.removed
+        assert any(str(busy) in k for k in report.kept)
+    finally:
+        # move the sleeper back out so its cgroup can go
+        (parent / "cgroup.procs").write_text(str(sleeper.pid))
+        for path in (empty, busy):
+            if path.exists():
+                path.rmdir()
+
+
+def test_containers_of_dead_runs_go_and_of_live_runs_stay(
+    sleeper: subprocess.Popen[bytes],
+) -> None:
+    require_engine()
+    host = socket.gethostname()
+    tag = uuid.uuid4().hex[:8]
+
+    def make(pid: int, which: str) -> str:
+        argv = ["docker", "run", "-d", "--name", f"metrale-cleanup-{which}-{tag}"]
+        argv += ["--label", "metrale.sandbox=1", "--label", f"metrale.sandbox.pid={pid}"]
+        argv += ["--label", f"metrale.sandbox.host={host}", "--label", f"test.tag={tag}"]
+        argv += ["metrale/base:bookworm", "sleep", "infinity"]
+        return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+
+    make(dead_pid(), "dead")
+    make(sleeper.pid, "live")
+    try:
+        proc = metrale_cleanup()
+        assert proc.returncode == 0, proc.stderr
+        assert f"removed container metrale-cleanup-dead-{tag}" in proc.stdout
+        assert f"kept container metrale-cleanup-live-{tag}" in proc.stdout
+        assert len(labelled_containers(**{"test.tag": tag})) == 1
+        sleeper.kill()
+        sleeper.wait()  # its run is over now
+        again = metrale_cleanup()
+        assert f"removed container metrale-cleanup-live-{tag}" in again.stdout
+        assert labelled_containers(**{"test.tag": tag}) == []
+    finally:
+        left = labelled_containers(**{"test.tag": tag})
+        if left:
+            subprocess.run(["docker", "rm", "-f", *left], capture_output=True)
