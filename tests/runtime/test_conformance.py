@@ -1,7 +1,6 @@
 """One conformance suite over every runtime this machine has: the promises a runtime makes to
 the rollouts (and to the host) tested the same way for each. A runtime that does not make a
-promise skips that test with the reason; a promise that the bwrap hardening (issue 12) brings
-and this branch does not yet keep is `xfail(strict=False)` with that reason.
+promise skips that test with the reason, never silently.
 
 | promise                            | subprocess          | bwrap | docker        | ray (bwrap) |
 | files, cwd, env, exit, timeout, cap| yes                 | yes   | yes           | yes         |
@@ -9,9 +8,9 @@ and this branch does not yet keep is `xfail(strict=False)` with that reason.
 | network off by default             | no (host network)   | yes   | yes           | yes         |
 | process limit                      | no (root exempt)    | yes   | yes           | no (skip)   |
 | memory limit per process           | yes (RLIMIT_AS)     | yes   | yes           | no (skip)   |
-| memory limit of the whole sandbox  | no                  | 12    | yes           | no (skip)   |
+| memory limit of the whole sandbox  | no                  | yes   | yes           | no (skip)   |
 | CPU seconds / CPU rate             | seconds             | secs  | rate (--cpus) | no (skip)   |
-| host secrets and files invisible   | env only            | 12    | yes           | no (skip)   |
+| host secrets and files invisible   | env only            | yes   | yes           | no (skip)   |
 | nothing left after SIGKILL of us   | no (no supervisor)  | yes   | yes           | no (skip)   |
 
 Ray over docker is not a case: ray's inner config accepts subprocess and bwrap only.
@@ -41,18 +40,7 @@ from metrale.runtime.procs import kill_tree
 from tests.runtime.conftest import HAVE_BWRAP, processes_with, wait_gone
 from tests.runtime.engine import labelled_containers, require_engine
 
-HARDENING = "bwrap hardening (issue 12)"
 RUNTIMES = ["subprocess", "bwrap", "docker", "ray-bwrap"]
-
-
-def xfail_for(*affected: str) -> Callable[[Any], Any]:
-    """Mark the parametrized cases of `affected` runtimes xfail(strict=False, HARDENING)."""
-
-    def apply(fn: Any) -> Any:
-        fn._hardening = affected
-        return fn
-
-    return apply
 
 
 def skip_unless(name: str, makes: bool, reason: str) -> None:
@@ -97,9 +85,6 @@ def name(request: pytest.FixtureRequest) -> str:
         pytest.skip("bwrap not installed")
     if runtime == "docker":
         require_engine()
-    affected = getattr(request.function, "_hardening", ())
-    if runtime in affected:
-        request.node.add_marker(pytest.mark.xfail(reason=HARDENING, strict=False))
     return runtime
 
 
@@ -312,7 +297,6 @@ def test_memory_limit_per_process(name: str, make: Callable[..., Runtime], marke
     inside(make, body, memory_mb=256)
 
 
-@xfail_for("bwrap", "ray-bwrap")
 def test_memory_limit_of_the_whole_sandbox(
     name: str, make: Callable[..., Runtime], marker: str
 ) -> None:
@@ -352,7 +336,6 @@ def test_cpu_rate_limit_holds(name: str, make: Callable[..., Runtime], marker: s
     inside(make, body, cpus=0.25)
 
 
-@xfail_for("bwrap", "ray-bwrap", "subprocess")
 def test_host_secrets_are_invisible(
     name: str, make: Callable[..., Runtime], marker: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
