@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from metrale.runtime.cgroups import own_cgroup
 from metrale.runtime.cleanup import CleanupReport, clean_bwrap
-from metrale.runtime.procs import _own_cgroup
 from tests.runtime.engine import labelled_containers, require_engine
 
 
@@ -76,7 +76,7 @@ def test_workdir_of_a_dead_sandbox_goes_one_in_use_stays(
 
 
 def test_pids_cgroups_empty_go_busy_stay(sleeper: subprocess.Popen[bytes]) -> None:
-    parent = _own_cgroup("pids")
+    parent = own_cgroup("pids")
     if parent is None or not os.access(parent, os.W_OK):
         pytest.skip("no writable pids cgroup here (bwrap falls back to RLIMIT_NPROC)")
     empty = parent / f"metrale-bwrap-{uuid.uuid4().hex[:8]}"

@@ -210,7 +210,7 @@ class BwrapRuntime(RuntimeBase):
         read_fd, write_fd = os.pipe()
         argv = self.bwrap_argv(write_fd, binds)
         if privileged():
-            argv = [*stage_argv(staging), *as_uid(self.host_uid), *argv]
+            argv = [*stage_argv(staging), *as_uid(self.host_uid, os.getpid()), *argv]
         if self._cgroup is not None:
             argv = self._cgroup.wrap(argv)
         try:

@@ -132,17 +132,20 @@ def system_binds() -> list[str]:
     return args
 
 
-def as_uid(uid: int) -> list[str]:
+def as_uid(uid: int, parent: int | None = None) -> list[str]:
     """Run the rest as host `uid`/`gid` with no groups and no capabilities, dying with its
-    parent (setpriv re-arms the death signal that the uid change clears).
+    parent: setpriv re-arms the death signal that the uid change clears.
 
-    Residual window: a metrale killed between setpriv's setresuid and its prctl (microseconds,
-    but seen once in ~40 SIGKILL tries at load average 25) leaves an outer bwrap that waits
-    forever once its child is gone. It stays in the sandbox's cgroups, where
-    `leftover_cgroups()` finds it and `SandboxCgroup.remove()` kills it. Closing it needs the
-    uid change in our own preexec (after joining the cgroups and staging the binds there)."""
+    A parent that died between setpriv's setresuid and its prctl would not be seen by the
+    re-armed signal, so with `parent` (metrale's pid) a shell checks, after the signal is set
+    again, that its parent is still metrale, and exits at once otherwise: no window is left in
+    which a SIGKILLed metrale leaves an orphaned bwrap (every step before it execs in place,
+    so metrale stays the parent throughout)."""
     ids = ["--reuid", str(uid), "--regid", str(uid), "--clear-groups"]
-    return ["setpriv", *ids, "--pdeathsig", "KILL", "--"]
+    argv = ["setpriv", *ids, "--pdeathsig", "KILL", "--"]
+    if parent is not None:
+        argv += ["sh", "-c", '[ "$PPID" = "$0" ] || exit 137; exec "$@"', str(parent)]
+    return argv
 
 
 def stage_argv(pairs: Sequence[tuple[str, str]]) -> list[str]:

@@ -2,8 +2,9 @@
 
 - docker: containers with the `metrale.sandbox` label whose owning metrale process (the pid and
   host labels) is gone; `--all` also removes those of live runs and of other hosts.
-- bwrap: workdirs `<tmp>/metrale-bwrap-*` that no live process names in its command line (a
-  live bwrap binds its workdir by path), and `pids` cgroups `metrale-bwrap-*` with no process.
+- bwrap: sandbox cgroups `metrale-bwrap-*` (pids, memory) that no live run owns, with any
+  orphaned bwrap still in them killed; workdirs `metrale-bwrap-*` that neither a live cgroup
+  nor a live process's command line names.
 
 An absent engine is not an error here: there is nothing of it to clean.
 """
@@ -15,16 +16,12 @@ import os
 import shutil
 import socket
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from metrale.runtime.bwrap_setup import WORKDIR_PREFIX, leftover_cgroups, leftover_workdirs
+from metrale.runtime.cgroups import SandboxCgroup
 from metrale.runtime.docker import HOST_LABEL, LABEL, PID_LABEL, is_podman
-
-PREFIX = "metrale-bwrap-"
-#: Where pids cgroups may be (v1 hierarchy, v2 unified mounts); searched this deep.
-CGROUP_ROOTS = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
-CGROUP_DEPTH = 8
 
 
 @dataclass
@@ -53,6 +50,26 @@ def _cmdlines() -> list[bytes]:
 
 def _pid_alive(pid: str) -> bool:
     return pid.isdigit() and Path(f"/proc/{pid}").exists()
+
+
+def _parent(pid: str) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[1]  # the field after the state
+
+
+def _run_alive(procs: list[str]) -> bool:
+    """Whether a sandbox's processes still belong to a live run: one of them has a parent
+    outside the cgroup that is not init (metrale itself, for its bwrap and its commands). A
+    sandbox whose run died has been re-parented to init (an orphaned bwrap)."""
+    inside = set(procs)
+    for pid in procs:
+        parent = _parent(pid)
+        if parent is not None and parent not in inside and parent not in ("0", "1"):
+            return True
+    return False
 
 
 def clean_containers(cli: str, report: CleanupReport, *, everything: bool = False) -> None:
@@ -98,46 +115,34 @@ def clean_containers(cli: str, report: CleanupReport, *, everything: bool = Fals
         report.removed += [f"container {name}" for _, name in doomed]
 
 
-def _bwrap_cgroups() -> list[Path]:
-    found: set[Path] = set()
-    for root in CGROUP_ROOTS:
-        if not (root / "cgroup.procs").exists():
-            continue
-        base_depth = len(root.parts)
-        for here, dirs, _ in os.walk(root):
-            depth = len(Path(here).parts) - base_depth
-            for name in list(dirs):
-                if name.startswith(PREFIX):
-                    found.add(Path(here) / name)
-                    dirs.remove(name)
-            if depth >= CGROUP_DEPTH:
-                dirs.clear()
-    return sorted(found)
-
-
 def clean_bwrap(report: CleanupReport, tmp: Path | None = None) -> None:
-    tmp = tmp or Path(tempfile.gettempdir())
-    cmdlines = _cmdlines()
-    busy_cgroups = set()
-    for cgroup in _bwrap_cgroups():
+    """Sandbox cgroups and workdirs of dead runs: a cgroup whose processes no live run owns is
+    emptied (an orphaned bwrap killed) and removed; a workdir is removed unless a live cgroup
+    or a live process's command line names it. `tmp`: look only there for workdirs."""
+    live: set[str] = set()
+    for cgroup in leftover_cgroups():
         try:
             procs = (cgroup / "cgroup.procs").read_text().split()
         except OSError:
             continue
-        if procs:
-            busy_cgroups.add(cgroup.name)
+        if procs and _run_alive(procs):
+            live.add(cgroup.name)
             report.kept.append(f"cgroup {cgroup} ({len(procs)} live process(es))")
             continue
-        try:
-            cgroup.rmdir()
-            report.removed.append(f"cgroup {cgroup}")
-        except OSError as exc:
-            report.notes.append(f"could not remove cgroup {cgroup}: {exc.strerror}")
-    for workdir in sorted(tmp.glob(f"{PREFIX}*")):
+        # kills what a dead run left in it (an orphaned bwrap), then removes it
+        SandboxCgroup([cgroup], pids=False, memory=False).remove()
+        if cgroup.exists():
+            report.notes.append(f"could not remove cgroup {cgroup}")
+        else:
+            what = f" and its {len(procs)} orphaned process(es)" if procs else ""
+            report.removed.append(f"cgroup {cgroup}{what}")
+    cmdlines = _cmdlines()
+    workdirs = sorted(tmp.glob(f"{WORKDIR_PREFIX}*")) if tmp is not None else leftover_workdirs()
+    for workdir in workdirs:
         if not workdir.is_dir() or workdir.is_symlink():
             continue
         needle = str(workdir).encode()
-        if workdir.name in busy_cgroups or any(needle in c for c in cmdlines):
+        if workdir.name in live or any(needle in c for c in cmdlines):
             report.kept.append(f"workdir {workdir} (its sandbox is alive)")
             continue
         shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Everything the tests need on a fresh Debian/Ubuntu machine, then the tests, then the check that
+# no test CI is meant to run was skipped. Idempotent: a second run installs nothing new.
+#   bash scripts/test.sh [PYTEST ARGS...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# bubblewrap: the bwrap runtime; psmisc: fuser (the agentic task's teardown); curl: agent checks.
+missing=()
+for tool in bwrap:bubblewrap fuser:psmisc curl:curl; do
+    command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
+done
+if ((${#missing[@]})); then
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# cargo: the agentic_webserver tests (their warm step fetches ~60 crates from crates.io once and
+# caches the build in ~/.cache/metrale/cargo). rustup's default place, when it is not on PATH.
+export PATH="$PATH:$HOME/.cargo/bin"
+command -v cargo >/dev/null || echo "warning: no cargo: the agentic_webserver tests will skip" >&2
+
+# The container engine for the docker runtime's tests (podman + runc, the base image built from
+# Debian's packages: ~3 min the first time, seconds once built).
+eval "$(bash scripts/container-engine.sh up)"
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
+    python -m pip install -q -e '.[dev,local]'
+
+python -m pytest "$@"
+# Every test meant to run here ran: any skip not in tests/skips_allowed.toml fails.
+python scripts/check_skips.py
