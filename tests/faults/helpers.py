@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import default_sigint
+
 
 def cli(args: Sequence[str], timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -20,10 +22,12 @@ def cli(args: Sequence[str], timeout: float = 120, **kw: Any) -> subprocess.Comp
 
 
 def spawn(args: Sequence[str], **kw: Any) -> subprocess.Popen[str]:
-    """The CLI in its own session (a signal to it reaches no test process)."""
+    """The CLI in its own session (a signal to it reaches no test process), with the default
+    SIGINT even where the test runner was started with it ignored (a background job)."""
     return subprocess.Popen(
         [sys.executable, "-m", "metrale", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kw,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=default_sigint, **kw,
     )  # fmt: skip
 
 

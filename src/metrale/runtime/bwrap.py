@@ -201,11 +201,10 @@ class BwrapRuntime(RuntimeBase):
         except OSError as exc:
             raise RuntimeStartError(f"cannot prepare the sandbox's directories: {exc}") from exc
         limits = self.config.limits
-        self._cgroup = await asyncio.to_thread(
-            SandboxCgroup.create,
-            self.workdir.name,
-            max_pids=limits.max_procs,
-            memory_mb=limits.memory_mb,
+        # in this thread, not a worker: a start cancelled while a worker made the cgroup would
+        # never learn of it, and the cgroup would outlive the run (a few mkdirs and writes)
+        self._cgroup = SandboxCgroup.create(
+            self.workdir.name, max_pids=limits.max_procs, memory_mb=limits.memory_mb
         )
         read_fd, write_fd = os.pipe()
         argv = self.bwrap_argv(write_fd, binds)
