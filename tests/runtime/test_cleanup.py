@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,6 +60,11 @@ def test_workdir_of_a_dead_sandbox_goes_one_in_use_stays(
     live.mkdir()
     # a live process naming the workdir in its command line stands for its live bwrap
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", str(live)])
+    cmdline = Path(f"/proc/{holder.pid}/cmdline")
+    for _ in range(500):  # until it has exec'd: before that it shows pytest's command line
+        if str(live).encode() in cmdline.read_bytes():
+            break
+        time.sleep(0.01)
     try:
         report = CleanupReport()
         clean_bwrap(report, tmp_path)
