@@ -75,6 +75,7 @@ from metrale.runtime.bwrap_setup import (
     stage_argv,
     system_binds,
 )
+from metrale.runtime.bwrap_watchdog import ensure_watchdog, owner_prefix
 from metrale.runtime.cgroups import SandboxCgroup
 from metrale.runtime.configs import BwrapConfig
 from metrale.runtime.procs import die_with_us, killpg, run_process
@@ -196,7 +197,9 @@ class BwrapRuntime(RuntimeBase):
 
     async def _start(self) -> None:
         try:
-            self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX, dir=sandbox_tmpdir()))
+            tmp = sandbox_tmpdir()
+            ensure_watchdog(tmp, WORKDIR_PREFIX)  # kills what a SIGKILLed metrale leaves
+            self.workdir = Path(tempfile.mkdtemp(prefix=owner_prefix(WORKDIR_PREFIX), dir=tmp))
             binds, staging = await asyncio.to_thread(self._prepare)
         except OSError as exc:
             raise RuntimeStartError(f"cannot prepare the sandbox's directories: {exc}") from exc
