@@ -316,6 +316,19 @@ def build_parser() -> _Parser:
         "--error-kinds", default="5xx,drop,malformed", help="comma list of 5xx, drop, malformed"
     )
     sim.add_argument("--no-usage", action="store_true", help="send no usage in responses")
+    sim.add_argument(
+        "--header-delay",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="hold the response headers back S after the request (send, headers and first "
+        "token then differ)",
+    )
+    sim.add_argument(
+        "--require-api-key",
+        metavar="KEY",
+        help="answer 401 unless a request carries 'Authorization: Bearer KEY'",
+    )
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument(
         "--max-running",
@@ -563,8 +576,8 @@ def cmd_sim(args: argparse.Namespace, extra: Sequence[str]) -> int:
         raise UsageError(f"unknown --error-kinds {bad}; accepted: {', '.join(ERROR_KINDS)}")
     if not 0 <= args.error_rate <= 1:
         raise UsageError(f"--error-rate {args.error_rate} is outside 0..1")
-    if args.ttft < 0 or args.itl < 0:
-        raise UsageError("--ttft and --itl must be >= 0 seconds")
+    if args.ttft < 0 or args.itl < 0 or args.header_delay < 0:
+        raise UsageError("--ttft, --itl and --header-delay must be >= 0 seconds")
     if args.token_budget < 0:
         raise UsageError(f"--token-budget {args.token_budget} must be >= 0 tokens/s")
     config = SimConfig(
@@ -572,6 +585,7 @@ def cmd_sim(args: argparse.Namespace, extra: Sequence[str]) -> int:
         output_tokens=args.output_tokens, reply=args.reply, error_rate=args.error_rate,
         error_kinds=kinds, usage=not args.no_usage, seed=args.seed,
         max_running=args.max_running or None, token_budget=args.token_budget or None,
+        header_delay_s=args.header_delay, api_key=args.require_api_key,
     )  # fmt: skip
     if args.replay is not None:
         from metrale.endpoint.replay import load_replay
