@@ -23,7 +23,6 @@ from metrale.rollout import (
     StageTiming,
     run_rollouts,
     stage_durations,
-    stage_spreads,
 )
 
 
@@ -319,10 +318,13 @@ def test_stage_durations_are_sorted_per_stage_and_include_failed_stages() -> Non
         "scoring": [0.5],
         "total": [1.1, 2.8],
     }
-    spreads = stage_spreads(records)
+    progress = Progress(keep_records=False)
+    for record in records:
+        progress.add(record)
+    spreads = progress.spreads()
     assert spreads["setup"].n == 3 and spreads["setup"].p50 == 0.2
     assert spreads["scoring"].min == spreads["scoring"].max == 0.5
-    assert stage_spreads([])["total"].n == 0
+    assert Progress().spreads()["total"].n == 0
 
 
 def test_without_runtime_retries_one_failed_start_fails_the_rollout() -> None:

@@ -367,14 +367,7 @@ class _clock:
 
 def stage_durations(records: Sequence[RolloutRecord]) -> dict[str, list[float]]:
     """Sorted per-rollout durations of each stage and of total; failed stages included."""
-    out: dict[str, list[float]] = {s: [] for s in SUMMARY_STAGES}
-    for r in records:
-        for name, timing in r.stages.items():
-            out[name].append(timing.duration_s)
-        if r.total_s is not None:
-            out["total"].append(r.total_s)
-    return {k: sorted(v) for k, v in out.items()}
-
-
-def stage_spreads(records: Sequence[RolloutRecord]) -> dict[str, Spread]:
-    return {name: Spread.of(values) for name, values in stage_durations(records).items()}
+    progress = Progress(keep_records=False)
+    for record in records:
+        progress.add(record)
+    return {name: sorted(values) for name, values in progress.durations.items()}

@@ -94,11 +94,13 @@ def _content_length(text: str) -> int:
     return int(text)
 
 
-async def _fixed(reader: asyncio.StreamReader, remaining: int) -> AsyncIterator[bytes]:
+async def _fixed(
+    reader: asyncio.StreamReader, remaining: int, where: str = "mid-body"
+) -> AsyncIterator[bytes]:
     while remaining > 0:
         data = await reader.read(min(remaining, 1 << 16))
         if not data:
-            raise HttpConnectionError("connection closed mid-body")
+            raise HttpConnectionError(f"connection closed {where}")
         remaining -= len(data)
         yield data
 
@@ -130,11 +132,7 @@ async def _dechunk(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
                 if trailer_bytes > MAX_HEADER_BYTES:
                     raise HttpProtocolError("headers_too_large", "trailers over 64 KiB")
             return
-        while size > 0:
-            data = await reader.read(min(size, 1 << 16))
-            if not data:
-                raise HttpConnectionError("connection closed mid-chunk")
-            size -= len(data)
+        async for data in _fixed(reader, size, "mid-chunk"):
             yield data
         if await reader.readexactly(2) != b"\r\n":
             raise HttpProtocolError("bad_chunk", "chunk data not followed by CRLF")

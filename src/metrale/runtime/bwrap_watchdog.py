@@ -15,9 +15,8 @@ and each cgroup is named after its workdir.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from typing import ClassVar
+
+from metrale.runtime import procs
 
 _PROGRAM = r"""
 import os, select, shutil, signal, sys, time
@@ -83,13 +82,6 @@ for delay in (0, 1, 3):
 """
 
 
-class _Watchdogs:
-    """One watchdog per (metrale process, temp dir): it must outlive every runtime, so it is a
-    process-wide resource by nature."""
-
-    started: ClassVar[dict[tuple[int, str], subprocess.Popen[bytes]]] = {}
-
-
 def owner_prefix(workdir_prefix: str) -> str:
     """The workdir (and cgroup) name prefix of this process's sandboxes."""
     return f"{workdir_prefix}{os.getpid()}-"
@@ -97,15 +89,9 @@ def owner_prefix(workdir_prefix: str) -> str:
 
 def ensure_watchdog(tmp: str, workdir_prefix: str) -> None:
     """Start this process's watchdog for sandboxes under `tmp`, once."""
-    key = (os.getpid(), tmp)
-    if key in _Watchdogs.started:
-        return
-    _Watchdogs.started[key] = subprocess.Popen(
-        [sys.executable, "-c", _PROGRAM, str(os.getpid()), tmp, owner_prefix(workdir_prefix)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # a Ctrl-C of metrale's group must not take it down first
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-        cwd="/",
+    procs.ensure_watchdog(
+        ("bwrap", tmp),
+        _PROGRAM,
+        [str(os.getpid()), tmp, owner_prefix(workdir_prefix)],
+        {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
     )

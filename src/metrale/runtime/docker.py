@@ -30,13 +30,12 @@ import posixpath
 import shlex
 import socket
 import subprocess
-import sys
 import tarfile
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import ClassVar
 
+from metrale.runtime import procs
 from metrale.runtime.base import ProgramResult, RuntimeBase, RuntimeStartError, Throttle
 from metrale.runtime.configs import DockerConfig
 from metrale.runtime.procs import killpg, run_process
@@ -266,22 +265,12 @@ for delay in (0, 2, 5):
 """
 
 
-class _Watchdogs:
-    """One watchdog process per (metrale process, CLI): a process-wide resource by nature,
-    since it outlives every runtime and must exist once whatever number of sandboxes run."""
-
-    started: ClassVar[dict[tuple[int, str], subprocess.Popen[bytes]]] = {}
-
-
 def ensure_watchdog(cli: str) -> None:
-    key = (os.getpid(), cli)
-    if key in _Watchdogs.started:
-        return
-    _Watchdogs.started[key] = subprocess.Popen(
-        [sys.executable, "-c", _WATCHDOG, cli, str(os.getpid()), socket.gethostname()],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # Ctrl-C of metrale's group must not take it down first
-        env={**os.environ, "METRALE_DOCKER_WATCHDOG": str(os.getpid())},
+    """This process's watchdog for the containers it starts with `cli`, once. The docker CLI
+    keeps the host's environment (DOCKER_HOST, registry credentials): it is not in a sandbox."""
+    procs.ensure_watchdog(
+        ("docker", cli),
+        _WATCHDOG,
+        [cli, str(os.getpid()), socket.gethostname()],
+        {**os.environ, "METRALE_DOCKER_WATCHDOG": str(os.getpid())},
     )

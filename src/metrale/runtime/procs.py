@@ -16,9 +16,11 @@ import functools
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import BaseModel
 
@@ -294,3 +296,29 @@ class RateLimiter:
             self._next = max(now, self._next) + self.interval
         if wait > 0:
             await asyncio.sleep(wait)
+
+
+class _Watchdogs:
+    """The watchdog processes this process started, by key: each must outlive every runtime
+    and exist once whatever number of sandboxes run, so they are process-wide by nature."""
+
+    started: ClassVar[dict[tuple[object, ...], subprocess.Popen[bytes]]] = {}
+
+
+def ensure_watchdog(key: tuple[object, ...], program: str, args: Sequence[str],
+                    env: Mapping[str, str]) -> None:  # fmt: skip
+    """Start `python -c program ARGS` once per (this process, `key`): a process that waits for
+    this one to die, then removes what it left. Its own session, so that a Ctrl-C of metrale's
+    process group does not take it down first."""
+    full = (os.getpid(), *key)
+    if full in _Watchdogs.started:
+        return
+    _Watchdogs.started[full] = subprocess.Popen(
+        [sys.executable, "-c", program, *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env=dict(env),
+        cwd="/",
+    )
