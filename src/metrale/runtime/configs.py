@@ -227,11 +227,17 @@ def create_runtime(config: RuntimeConfig, *, throttle: RateLimiter | None = None
     raise UsageError(f"unknown runtime {config.type!r}; accepted: {', '.join(RUNTIMES)}")
 
 
-def runtime_factory(config: RuntimeConfig) -> Callable[[], Runtime]:
-    """`make_runtime` for a `RolloutPlan`: every runtime it makes shares one creation throttle
-    (`config.start_rate` starts per second), so the limit holds across the whole run."""
+def runtime_factory(
+    config: RuntimeConfig,
+    adjust: Callable[[RuntimeConfig, int], RuntimeConfig] | None = None,
+) -> Callable[[int], Runtime]:
+    """`make_runtime` for a `RolloutPlan`: rollout `index` gets a runtime for `config` (or for
+    `adjust(config, index)`, e.g. its own binds). Every runtime it makes shares one creation
+    throttle (`config.start_rate` starts per second), so the limit holds across the whole run."""
     throttle = RateLimiter(config.start_rate) if config.start_rate else None
-    return lambda: create_runtime(config, throttle=throttle)
+    if adjust is None:
+        return lambda index: create_runtime(config, throttle=throttle)
+    return lambda index: create_runtime(adjust(config, index), throttle=throttle)
 
 
 def _check_ray_address(address: str) -> None:
