@@ -5,7 +5,9 @@ cookie and header objects, tracing hooks) cost ~0.27 ms of CPU per call on a 2-c
 half of metrale's whole per-rollout budget, and it shows as time to first token. This client
 does only what an OpenAI-compatible endpoint needs: keep-alive connections in a pool per
 host, `Content-Length`, chunked and read-to-close bodies, TLS for https, one deadline per
-request. Probes and other one-off calls still use aiohttp.
+request. Every model call goes through it: the chat client of rollouts and serve's load
+client (`endpoint.stream.exchange`), and serve's `/tokenize` calls. The preflight probe and the
+local launcher's health poll (one-off GETs, not measured) still use aiohttp's client.
 """
 
 from __future__ import annotations
@@ -43,15 +45,25 @@ class Response:
     _conn: _Connection = field(repr=False)
     _pool: ConnectionPool = field(repr=False)
     _done: bool = False
+    _body: AsyncIterator[bytes] | None = field(default=None, repr=False)
 
     @property
     def content_type(self) -> str:
         return self.headers.get("content-type", "").split(";", 1)[0].strip().lower()
 
-    async def iter_chunks(self, max_bytes: int | None = None) -> AsyncIterator[bytes]:
+    def iter_chunks(self, max_bytes: int | None = None) -> AsyncIterator[bytes]:
         """The body in the pieces the socket delivers (chunked framing removed). Past
         `max_bytes` of body it raises `HttpProtocolError("response_too_large")` and the
-        connection is not reused: an endless or huge body costs at most that much memory."""
+        connection is not reused: an endless or huge body costs at most that much memory.
+
+        The body is one iterator: a later call (to drain what a caller stopped reading) goes on
+        where the last one stopped, with the first call's cap.
+        """
+        if self._body is None:
+            self._body = self._chunks(max_bytes)
+        return self._body
+
+    async def _chunks(self, max_bytes: int | None) -> AsyncIterator[bytes]:
         reader = self._conn.reader
         seen = 0
         try:
@@ -78,6 +90,14 @@ class Response:
 
     async def read(self, max_bytes: int | None = None) -> bytes:
         return b"".join([piece async for piece in self.iter_chunks(max_bytes)])
+
+    async def error_text(self, keep: int) -> str:
+        """The start of an error response's body; a huge or broken one is not read to its end."""
+        try:
+            body = await self.read(64 * 1024)
+        except (HttpProtocolError, HttpConnectionError):
+            return "(body unreadable)"
+        return body[:keep].decode(errors="replace").replace("\n", " ")
 
     def release(self) -> None:
         """Give the connection back when the body was read whole, else close it."""
@@ -192,16 +212,24 @@ class ConnectionPool:
         self._idle.append(conn)
 
     async def post(
-        self, path: str, body: bytes, headers: Mapping[str, str] | None = None
+        self,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str] | None = None,
+        *,
+        under_base: bool = True,
     ) -> Response:
         """Send one POST and read the status line and headers; the body is the caller's to read.
+
+        `path` is below the base URL's path (`/chat/completions` under `/v1`), or, with
+        `under_base=False`, from the origin's root (`/tokenize`, which servers put beside `/v1`).
 
         A reused keep-alive connection that the server closed meanwhile fails before any byte of
         a response arrives; that one attempt is repeated once on a fresh connection.
         """
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         head = (
-            f"POST {self.path_prefix}{path} HTTP/1.1\r\n{self._head}{extra}"
+            f"POST {self.path_prefix if under_base else ''}{path} HTTP/1.1\r\n{self._head}{extra}"
             f"Content-Length: {len(body)}\r\n\r\n"
         ).encode("latin-1")
         while self._idle:

@@ -8,7 +8,6 @@ ends; `metrale plot` reads it).
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Mapping
@@ -17,7 +16,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from metrale.benchmarks.serve.client import StreamClient
+from metrale.benchmarks.serve.client import PreparedRequest, StreamClient
 from metrale.benchmarks.serve.load import (
     Bound,
     LevelSpec,
@@ -129,7 +128,7 @@ class ServeBenchmark:
         self._file_prompts: list[Prompt] | None = None
         self._handle: PluginHandle | None = None
         self._client: StreamClient | None = None
-        self._bodies: list[bytes] = []
+        self._bodies: list[PreparedRequest] = []
         self._work = BackgroundRun()
         self._state: LevelState | None = None
         self._levels = ServeLevels(load="concurrency")
@@ -190,8 +189,6 @@ class ServeBenchmark:
                       help="SLOs for goodput: ttft_ms=200,tpot_ms=50,e2e_ms=5000,itl_ms=..."),
             ParamSpec(name="percentiles", type="str", default="50,90,99",
                       help="percentiles reported (plus mean and max)"),
-            ParamSpec(name="request_timeout_s", type="float", default=300.0, min=0.1,
-                      help="seconds per request before it counts as a timeout error"),
             ParamSpec(name="seed", type="int", default=0, min=0,
                       help="prompts and arrival times"),
         ]  # fmt: skip
@@ -215,7 +212,7 @@ class ServeBenchmark:
         self._handle = handle
         v = self.values
         self._client = await StreamClient(
-            handle.target, v["request_timeout_s"], v["api"]
+            handle.target, handle.client_options, v["api"]
         ).__aenter__()
         exact: bool | None = None
         if self._file_prompts is not None:
@@ -224,7 +221,7 @@ class ServeBenchmark:
             prompts = gsm8k_questions()
         else:
             handle.on_status("prompts")
-            tokenizer = Tokenizer(self._client.session, handle.target)
+            tokenizer = Tokenizer(self._client.pool, handle.target)
             await tokenizer.detect()
             prompts, exact = await synthetic(
                 v["num_prompts"], v["input_tokens"], v["seed"], tokenizer
@@ -239,14 +236,12 @@ class ServeBenchmark:
             load=v["load"], slos=self.slos, percentiles=self.percentiles, input_tokens_exact=exact
         )
 
-    def _body(self, prompt: Prompt, ignore_eos: bool | None = None) -> bytes:
+    def _body(self, prompt: Prompt, ignore_eos: bool | None = None) -> PreparedRequest:
         v = self.values
         body: dict[str, Any] = {
             "model": self._handle.target.model if self._handle else "",
             "max_tokens": prompt.max_tokens or v["max_tokens"],
             "temperature": v["temperature"],
-            "stream": True,
-            "stream_options": {"include_usage": True},
         }
         if v["api"] == "chat":
             body["messages"] = prompt.messages
@@ -254,7 +249,8 @@ class ServeBenchmark:
             body["prompt"] = "\n".join(str(m.get("content", "")) for m in prompt.messages)
         if self._ignore_eos if ignore_eos is None else ignore_eos:
             body["ignore_eos"] = True
-        return json.dumps(body).encode()
+        assert self._client is not None
+        return self._client.prepare(body)
 
     async def _accepts_ignore_eos(self) -> bool:
         """One short request with `ignore_eos`: a 4xx means the server refuses the field."""
