@@ -150,6 +150,29 @@ def test_a_path_from_the_origin_root_skips_the_base_path() -> None:
     assert seen == [b"POST /openai/v1/chat/completions HTTP/1.1", b"POST /tokenize HTTP/1.1"]
 
 
+def test_a_get_sends_no_body_and_shares_the_connections() -> None:
+    heads: list[bytes] = []
+
+    async def handler(reader, writer):
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            heads.append(head)
+            writer.write(b'HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n{"a"')
+            await writer.drain()
+
+    async def go():
+        async with pool_for(handler, "/v1") as (pool, conns):
+            for _ in range(2):
+                resp = await pool.get("/models")
+                assert resp.status == 200 and await resp.read() == b'{"a"'
+                resp.release()
+            assert len(conns) == 1
+
+    run(go())
+    assert heads[0].startswith(b"GET /v1/models HTTP/1.1\r\n")
+    assert b"content-length" not in heads[0].lower()
+
+
 def test_body_until_close_is_not_reused() -> None:
     async def handler(reader, writer):
         await read_request(reader)

@@ -5,9 +5,10 @@ cookie and header objects, tracing hooks) cost ~0.27 ms of CPU per call on a 2-c
 half of metrale's whole per-rollout budget, and it shows as time to first token. This client
 does only what an OpenAI-compatible endpoint needs: keep-alive connections in a pool per
 host, `Content-Length`, chunked and read-to-close bodies, TLS for https, one deadline per
-request. Every model call goes through it: the chat client of rollouts and serve's load
-client (`endpoint.stream.exchange`), and serve's `/tokenize` calls. The preflight probe and the
-local launcher's health poll (one-off GETs, not measured) still use aiohttp's client.
+request. Every call metrale makes to a target goes through it: the chat client of rollouts
+and serve's load client (`endpoint.stream.exchange`), serve's `/tokenize` calls, the probe's
+`GET /models` and the local launcher's readiness poll. (aiohttp remains for the simulator's
+server.)
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ MAX_HEADERS = 256
 
 
 class HttpConnectionError(Exception):
-    """The connection failed or closed before the response was complete (worth a retry)."""
+    """The connection failed or closed before the response was complete (worth a retry).
+    `os_error` is the socket's error when connecting failed (refused, DNS, TLS), for callers
+    that name the cause to a user."""
+
+    def __init__(self, message: str, os_error: OSError | None = None) -> None:
+        super().__init__(message)
+        self.os_error = os_error
 
 
 class HttpProtocolError(Exception):
@@ -205,11 +212,17 @@ class ConnectionPool:
                 limit=1 << 20,
             )
         except OSError as exc:
-            raise HttpConnectionError(f"cannot connect to {self.host}:{self.port}: {exc}") from None
+            raise HttpConnectionError(
+                f"cannot connect to {self.host}:{self.port}: {exc}", exc
+            ) from None
         return _Connection(reader, writer)
 
     def put(self, conn: _Connection) -> None:
         self._idle.append(conn)
+
+    async def get(self, path: str, *, under_base: bool = True) -> Response:
+        """One GET (`/models`, a health poll); the same connections and rules as `post`."""
+        return await self.request("GET", path, None, under_base=under_base)
 
     async def post(
         self,
@@ -219,7 +232,19 @@ class ConnectionPool:
         *,
         under_base: bool = True,
     ) -> Response:
-        """Send one POST and read the status line and headers; the body is the caller's to read.
+        """Send one POST and read the status line and headers; the body is the caller's to read."""
+        return await self.request("POST", path, body, headers, under_base=under_base)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        headers: Mapping[str, str] | None = None,
+        *,
+        under_base: bool = True,
+    ) -> Response:
+        """Send one request and read the status line and headers; the body is the caller's.
 
         `path` is below the base URL's path (`/chat/completions` under `/v1`), or, with
         `under_base=False`, from the origin's root (`/tokenize`, which servers put beside `/v1`).
@@ -228,10 +253,12 @@ class ConnectionPool:
         a response arrives; that one attempt is repeated once on a fresh connection.
         """
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        length = "" if body is None else f"Content-Length: {len(body)}\r\n"
         head = (
-            f"POST {self.path_prefix if under_base else ''}{path} HTTP/1.1\r\n{self._head}{extra}"
-            f"Content-Length: {len(body)}\r\n\r\n"
+            f"{method} {self.path_prefix if under_base else ''}{path} HTTP/1.1\r\n"
+            f"{self._head}{extra}{length}\r\n"
         ).encode("latin-1")
+        body = body or b""
         while self._idle:
             conn = self._idle.pop()
             try:
