@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from metrale.budgets import load_budgets
 from metrale.errors import UsageError
-from metrale.plugin import Check, Verdict, check_bounds, load_budgets
+from metrale.plugin import Check, Verdict, check_bounds
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+from metrale.budgets import load_budgets
 from metrale.errors import UsageError
 from metrale.plugin import (
     Benchmark,
@@ -9,7 +10,6 @@ from metrale.plugin import (
     check_bounds,
     discover,
     get_benchmark,
-    load_budgets,
     validate_params,
 )
 
@@ -104,7 +104,7 @@ def test_builtins_register_through_entry_points() -> None:
 def test_background_run_polls_and_cancels() -> None:
     import asyncio
 
-    from metrale.plugin import BackgroundRun
+    from metrale.rollout import BackgroundRun
 
     async def go() -> None:
         work = BackgroundRun()

@@ -110,7 +110,7 @@ def plan(ledger: Ledger, count: int = 1, **kw: Any) -> RolloutPlan:
         benchmark="fake",
         count=count,
         make_task=lambda i: Task(ledger, i, **task_kw),
-        make_runtime=(lambda: FakeRuntime(ledger, **runtime_kw)) if with_runtime else None,
+        make_runtime=(lambda _index: FakeRuntime(ledger, **runtime_kw)) if with_runtime else None,
         runtime_name="fake-rt" if with_runtime else None,
         **kw,
     )
@@ -342,6 +342,6 @@ def test_a_long_teardown_message_is_cut_at_500_characters() -> None:
             raise RuntimeError("y" * 600)
 
     p = RolloutPlan(benchmark="fake", count=1, make_task=lambda i: Task(Ledger(), i),
-                    make_runtime=lambda: LongStop(Ledger()))  # fmt: skip
+                    make_runtime=lambda _index: LongStop(Ledger()))  # fmt: skip
     [record] = run(p)
     assert record.error is not None and record.error.message == "y" * 500

@@ -56,6 +56,15 @@ def test_an_interrupted_run_tells_the_benchmark_before_cleanup(monkeypatch, tmp_
         def configure(self, values):
             return validate_params([], values)
 
+        def runtime_choice(self, runtime):
+            return runtime
+
+        def metrics(self):
+            return []
+
+        def needs_model(self):
+            return True
+
         async def load(self, handle):
             self.handle = handle
 

@@ -448,7 +448,7 @@ def client_options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 def cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
     from metrale import runner
-    from metrale.plugin import load_budgets
+    from metrale.budgets import load_budgets
     from metrale.table import render
 
     if args.resume is not None and args.benchmark is not None:
@@ -676,6 +676,13 @@ def add_matrix_commands(sub: Any) -> None:
         metavar="FRACTION",
         help="differences below this fraction of A are 'same' (default 0.05)",
     )
+    cmp_.add_argument(
+        "--metric",
+        action="append",
+        default=[],
+        metavar="NAME[,NAME]",
+        help="compare only these declared metrics (repeatable; default: all)",
+    )
     cmp_.add_argument("--csv", action="store_true", help="CSV instead of a plain table")
     cmp_.set_defaults(handler=cmd_compare)
 
@@ -719,11 +726,12 @@ def cmd_matrix(args: argparse.Namespace, extra: Sequence[str]) -> int:
 
 
 def cmd_report(args: argparse.Namespace, extra: Sequence[str]) -> int:
-    from metrale.matrix import read_cells
+    from metrale.matrix import cell_from_run_dir, is_run_dir, read_cells
     from metrale.matrix.report import failure_notes, render_report
 
     _no_extra(extra)
-    cells = read_cells(args.dir)
+    # a run directory is one row; a sweep directory a row per cell file
+    cells = [cell_from_run_dir(args.dir)] if is_run_dir(args.dir) else read_cells(args.dir)
     print(render_report(cells, "csv" if args.csv else "markdown"))
     if args.csv:
         for note in failure_notes(cells):
@@ -736,7 +744,8 @@ def cmd_plot(args: argparse.Namespace, extra: Sequence[str]) -> int:
     run directory of a benchmark that draws its own figure (`plugin.PlotsRuns`, e.g. serve's
     latency against throughput)."""
     from metrale.matrix import is_cell_dir
-    from metrale.plugin import PlotsRuns, get_benchmark, run_benchmark_id
+    from metrale.plugin import PlotsRuns, get_benchmark
+    from metrale.rundir import run_benchmark_id
 
     _no_extra(extra)
     bench_id = run_benchmark_id(args.dir)  # a run directory has a run.json; a sweep has none
@@ -768,7 +777,8 @@ def cmd_compare(args: argparse.Namespace, extra: Sequence[str]) -> int:
     _no_extra(extra)
     if not 0 <= args.tolerance < 1:
         raise UsageError(f"--tolerance {args.tolerance} is outside 0..1")
-    result = compare_paths(args.a, args.b, rel_tol=args.tolerance)
+    names = [n.strip() for item in args.metric for n in item.split(",") if n.strip()]
+    result = compare_paths(args.a, args.b, rel_tol=args.tolerance, names=names)
     print(render_comparison(result, "csv" if args.csv else "plain"))
     return EXIT_VERDICT_FAILED if result.worse else 0
 

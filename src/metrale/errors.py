@@ -30,6 +30,12 @@ class UsageError(MetraleError):
     exit_code = EXIT_USAGE
 
 
+class RecordWriteError(MetraleError):
+    """A record could not be written (disk full, quota, I/O error): the run stops, exit 3."""
+
+    exit_code = EXIT_RUN_FAILED
+
+
 class RunError(MetraleError):
     """The run could not go on (not a single rollout's fault)."""
 

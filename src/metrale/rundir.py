@@ -15,13 +15,17 @@ decides what may be done to an existing one:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from metrale.errors import UsageError, read_user_file
+from pydantic import BaseModel
+
+from metrale.errors import RecordWriteError, UsageError, read_user_file
 
 #: Files a run writes; an existing directory with any of them belongs to an earlier run.
 RUN_FILES = ("rollouts.jsonl", "result.json", "run.json", "requests.jsonl", "retried.jsonl")
@@ -155,3 +159,104 @@ def _rewrite(path: Path, keep: set[int]) -> None:
         dst.flush()
         os.fsync(dst.fileno())
     tmp.replace(log)
+
+
+# --------------------------------------------------------------------------- files
+
+
+@dataclass
+class RunArtifacts:
+    """The run directory and its append-only logs (`rollouts.jsonl`, `requests.jsonl`, ...).
+
+    Each line is written with one `os.write` on an unbuffered descriptor, so a line is on disk
+    when `append_*` returns; a write that fails part-way (ENOSPC) is cut back to the last whole
+    line and raises `RecordWriteError`: every earlier record stays intact and parseable.
+    """
+
+    run_dir: Path
+    _fds: dict[str, int] = field(default_factory=dict, repr=False)
+    _sizes: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def path(self, name: str) -> Path:
+        return self.run_dir / name
+
+    def open(self, name: str = "rollouts.jsonl") -> None:
+        """Open a log now, before any work: a run that cannot write its records does not
+        start (and a low fd limit cannot take this descriptor away later)."""
+        if name not in self._fds:
+            try:
+                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                self._fds[name] = fd = os.open(self.run_dir / name, flags, 0o644)
+                self._sizes[name] = os.fstat(fd).st_size  # appends only: we track the end
+            except OSError as exc:
+                where = self.run_dir / name
+                raise RecordWriteError(f"cannot open {where}: {exc.strerror}") from None
+
+    def append_record(self, record: BaseModel) -> None:
+        """Append one JSON line to rollouts.jsonl: a crash loses no finished rollout."""
+        self.append_line("rollouts.jsonl", record)
+
+    def append_line(self, name: str, record: BaseModel) -> None:
+        """Append one JSON line to a log in the run directory (e.g. `requests.jsonl`)."""
+        self.open(name)
+        fd = self._fds[name]
+        data = (record.model_dump_json() + "\n").encode()
+        offset = self._sizes[name]
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            self._sizes[name] = offset + len(data)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, offset)  # no torn line: the file ends at the last whole record
+            raise RecordWriteError(
+                f"cannot write to {self.run_dir / name}: {exc.strerror}; "
+                "the records before this one are intact"
+            ) from None
+
+    def write_json(self, name: str, model: BaseModel) -> Path:
+        """Write a JSON file atomically (temporary file, then rename): never half a file."""
+        target = self.run_dir / name
+        tmp = target.with_suffix(target.suffix + ".tmp")
+        try:
+            tmp.write_text(model.model_dump_json(indent=2) + "\n", encoding="utf-8")
+            tmp.replace(target)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise RecordWriteError(f"cannot write {target}: {exc.strerror}") from None
+        return target
+
+    def close(self) -> None:
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+@dataclass(frozen=True)
+class ResumeRecords:
+    """What a resumed run already holds: the indices with a record that is kept (not re-run).
+
+    The kept records themselves are read back from `rollouts.jsonl` with `records()`, one at a
+    time, so that the summary covers every record without holding them all.
+    """
+
+    path: Path
+    indices: frozenset[int]
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        with self.path.open(encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    yield json.loads(line)
+
+
+def run_benchmark_id(run_dir: Path) -> str | None:
+    """The benchmark a `metrale run` directory belongs to (from its run.json), or None."""
+    try:
+        info = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    bench = info.get("benchmark") if isinstance(info, dict) else None
+    return bench if isinstance(bench, str) else None

@@ -23,6 +23,7 @@ from typing import Any, TextIO
 from pydantic import BaseModel, Field
 
 from metrale import __version__, rundir
+from metrale.budgets import check_budget_metrics
 from metrale.endpoint.client import ClientOptions, Target
 from metrale.endpoint.probe import Preflight, preflight
 from metrale.errors import (
@@ -31,21 +32,21 @@ from metrale.errors import (
     EXIT_RUN_FAILED,
     EXIT_VERDICT_FAILED,
     MetraleError,
+    RecordWriteError,
     UsageError,
 )
 from metrale.plugin import (
-    Artifacts,
     Benchmark,
     BenchmarkResult,
     LogLine,
     PluginHandle,
-    RecordWriteError,
-    Resume,
     Status,
+    canonical_id,
     check_bounds,
     get_benchmark,
 )
 from metrale.rollout import finish
+from metrale.rundir import ResumeRecords, RunArtifacts
 from metrale.runtime.base import RuntimeConfig
 
 
@@ -79,7 +80,8 @@ class RunResult(BaseModel):
 class RunRequest:
     benchmark: str
     params: Mapping[str, object]
-    target: Target
+    #: None when the benchmark, so configured, calls no model (`Benchmark.needs_model`)
+    target: Target | None
     client_options: ClientOptions = field(default_factory=ClientOptions)
     runtime: RuntimeConfig | None = None
     runtime_retries: int = 0
@@ -97,10 +99,17 @@ class RunRequest:
 
 
 def prepare(request: RunRequest) -> tuple[Benchmark, dict[str, Any]]:
-    """Find and configure the benchmark: every usage error surfaces here, before any work."""
+    """Find and configure the benchmark: every usage error surfaces here, before any work.
+
+    The runtime the benchmark will use replaces `request.runtime` (its default filled in, one
+    it cannot use refused), so that run.json records the runtime that is used.
+    """
+    request.benchmark = canonical_id(request.benchmark)
     bench = get_benchmark(request.benchmark)()
     values = bench.configure(dict(request.params))
+    request.runtime = bench.runtime_choice(request.runtime)
     check_bounds({}, request.budgets)
+    check_budget_metrics(request.budgets, bench.metrics(), request.benchmark)
     return bench, dict(values)
 
 
@@ -126,11 +135,13 @@ def new_run_dir(request: RunRequest) -> Path:
     return rundir.create_new(path, overwrite=request.overwrite)
 
 
-def _resume(request: RunRequest, bench: Benchmark, values: dict[str, Any], path: Path) -> Resume:
+def _resume(
+    request: RunRequest, bench: Benchmark, values: dict[str, Any], path: Path
+) -> ResumeRecords:
     if not getattr(bench, "resumable", False):
         raise UsageError(f"benchmark {request.benchmark} cannot resume a run directory")
     scan = rundir.prepare_resume(path, int(values["rollouts"]), retry_errors=request.retry_errors)
-    return Resume(path=path / "rollouts.jsonl", indices=scan.kept)
+    return ResumeRecords(path=path / "rollouts.jsonl", indices=scan.kept)
 
 
 async def run(request: RunRequest) -> RunResult:
@@ -143,7 +154,7 @@ async def run(request: RunRequest) -> RunResult:
     display = LiveProgress(request.progress)
     run_dir = new_run_dir(request)
     resume = _resume(request, bench, values, run_dir) if request.resume else None
-    artifacts = Artifacts(run_dir)
+    artifacts = RunArtifacts(run_dir)
     try:
         artifacts.open("rollouts.jsonl")
     except RecordWriteError as exc:
@@ -159,13 +170,14 @@ async def _run_in(
     bench: Benchmark,
     values: dict[str, Any],
     display: LiveProgress,
-    artifacts: Artifacts,
-    resume: Resume | None,
+    artifacts: RunArtifacts,
+    resume: ResumeRecords | None,
 ) -> RunResult:
     check = None
-    if request.preflight:
+    target = request.target
+    if request.preflight and target is not None and bench.needs_model():
         display.phase("preflight")
-        check = await preflight(request.target, request.client_options)
+        check = await preflight(target, request.client_options)
         if not check.ok:
             display.log(
                 LogLine(
@@ -177,9 +189,9 @@ async def _run_in(
     info = RunInfo(
         benchmark=request.benchmark,
         params=values,
-        target=request.target.base_url,
-        model=request.target.model,
-        embedded=request.target.embedded,
+        target=target.base_url if target is not None else "",
+        model=target.model if target is not None else "",
+        embedded=target.embedded if target is not None else False,
         runtime=request.runtime.model_dump() if request.runtime else None,
         client=request.client_options.model_dump(),
         budgets=dict(request.budgets),

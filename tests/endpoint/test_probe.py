@@ -6,9 +6,9 @@ import pytest
 from aiohttp import web
 
 from metrale.endpoint.client import Target
-from metrale.endpoint.local import free_port
 from metrale.endpoint.probe import preflight, probe
 from metrale.errors import UsageError
+from metrale.net import free_port
 
 
 def test_probe_finds_the_served_model(sim) -> None:

@@ -10,16 +10,20 @@ from metrale.errors import UsageError
 from metrale.matrix.cellfile import CellResult, write_cell
 from metrale.matrix.compare import (
     DURATION_ABS_TOL_S,
-    METRICS,
     Comparison,
-    Metric,
     Row,
+    abs_tol,
     compare_cells,
     compare_paths,
+    metrics_of,
     render_comparison,
 )
 from metrale.matrix.compare import verdict as row_verdict
+from metrale.plugin import Metric
 from tests.matrix.helpers import make_cell
+
+#: The metrics the synthetic cells have samples of (stages, reward, error rate).
+CORE = ("setup", "generation", "scoring", "total", "error_rate", "reward_mean")
 
 
 def verdicts(rows) -> dict[str, str]:  # type: ignore[no-untyped-def]
@@ -28,10 +32,8 @@ def verdicts(rows) -> dict[str, str]:  # type: ignore[no-untyped-def]
 
 def test_two_samples_of_one_distribution_are_the_same() -> None:
     a, b = make_cell(seed=1), make_cell(seed=2)
-    rows = compare_cells(a, b)
-    assert [r.metric for r in rows] == [
-        "setup", "generation", "scoring", "total", "errors", "reward"
-    ]  # fmt: skip
+    rows = compare_cells(a, b, names=CORE)
+    assert [r.metric for r in rows] == list(CORE)
     assert set(verdicts(rows).values()) == {"same"}
     for r in rows:
         assert r.low is not None and r.high is not None and r.low <= r.diff <= r.high  # type: ignore[operator]
@@ -48,9 +50,9 @@ def test_a_clearly_slower_cell_is_worse_and_a_faster_one_better() -> None:
 
 def test_reward_higher_is_better_and_errors_lower_is_better() -> None:
     rows = compare_cells(make_cell(seed=1, reward_p=0.2), make_cell(seed=2, reward_p=0.8))
-    assert verdicts(rows)["reward"] == "better"
+    assert verdicts(rows)["reward_mean"] == "better"
     rows = compare_cells(make_cell(seed=1), make_cell(seed=1, errors=40))
-    assert verdicts(rows)["errors"] == "worse"
+    assert verdicts(rows)["error_rate"] == "worse" and verdicts(rows)["errors"] == "worse"
 
 
 def test_differences_below_the_tolerance_are_the_same() -> None:
@@ -87,8 +89,8 @@ def test_mixed_or_missing_inputs_are_usage_errors(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- verdict boundaries
 
-LOWER = Metric("generation", lambda c: c.stage("generation"), lambda xs: None, True, 0.001)
-HIGHER = Metric("reward", lambda c: list(c.rewards), lambda xs: None, False, 0.0)
+LOWER = Metric("generation", "s", "lower", "", stat="p50", value=lambda r: None)
+HIGHER = Metric("reward_mean", "reward", "higher", "", stat="mean", value=lambda r: None)
 
 
 @pytest.mark.parametrize(
@@ -125,11 +127,13 @@ def test_verdict_boundaries(
 
 
 def test_the_metrics_their_directions_and_floors() -> None:
-    assert [(m.name, m.lower_is_better, m.abs_tol) for m in METRICS] == [
-        ("setup", True, 0.001), ("generation", True, 0.001), ("scoring", True, 0.001),
-        ("total", True, 0.001), ("errors", True, 0.0), ("reward", False, 0.0),
+    declared = {m.name: m for m in metrics_of(make_cell())}
+    assert [(n, declared[n].better, abs_tol(declared[n])) for n in CORE] == [
+        ("setup", "lower", 0.001), ("generation", "lower", 0.001), ("scoring", "lower", 0.001),
+        ("total", "lower", 0.001), ("error_rate", "lower", 0.0), ("reward_mean", "higher", 0.0),
     ]  # fmt: skip
     assert DURATION_ABS_TOL_S == 0.001
+    assert declared["ttft_s"].stat == "p50" and declared["accuracy"].better == "higher"
 
 
 def literal_cell(name: str, gen: list[float], rewards: list[float], errors: int) -> CellResult:
@@ -143,7 +147,7 @@ def literal_cell(name: str, gen: list[float], rewards: list[float], errors: int)
 def test_rows_carry_the_literal_statistics_of_each_side() -> None:
     a = literal_cell("x", [1.0, 2.0, 3.0, 4.0, 5.0], [0.0, 1.0, 1.0, 1.0], errors=1)
     b = literal_cell("x", [2.0, 3.0, 4.0, 5.0, 6.0], [0.0, 0.0, 1.0, 1.0], errors=0)
-    rows = {r.metric: r for r in compare_cells(a, b, resamples=200)}
+    rows = {r.metric: r for r in compare_cells(a, b, resamples=200, names=CORE)}
     assert (rows["setup"].verdict, rows["setup"].a, rows["setup"].diff) == ("n/a", None, None)
     assert rows["scoring"].verdict == "n/a"
     gen = rows["generation"]
@@ -151,9 +155,10 @@ def test_rows_carry_the_literal_statistics_of_each_side() -> None:
     assert gen.low is not None and gen.high is not None and gen.low <= 1.0 <= gen.high
     assert rows["total"].diff == 1.0
     # error rate: 1 failed of 5 finished, then 0 of 5
-    assert (rows["errors"].a, rows["errors"].b, rows["errors"].diff) == (0.2, 0.0, -0.2)
-    assert (rows["reward"].a, rows["reward"].b, rows["reward"].diff) == (0.75, 0.5, -0.25)
-    named = compare_cells(a, literal_cell("y", [1.0], [1.0], 0), resamples=50)
+    er, rw = rows["error_rate"], rows["reward_mean"]
+    assert (er.a, er.b, er.diff) == (0.2, 0.0, -0.2)
+    assert (rw.a, rw.b, rw.diff) == (0.75, 0.5, -0.25)
+    named = compare_cells(a, literal_cell("y", [1.0], [1.0], 0), resamples=50, names=CORE)
     assert {r.cell for r in named} == {"x vs y"}
 
 
@@ -161,9 +166,9 @@ def test_a_comparison_is_worse_when_any_row_is_and_renders_each_row() -> None:
     def row(metric: str, v: str, a: float = 0.5, diff: float = 0.25) -> Row:
         return Row("c", metric, a, a + diff, diff, diff - 0.1, diff + 0.1, v)  # type: ignore[arg-type]
 
-    same = Comparison([row("generation", "same"), row("reward", "better")], [])
+    same = Comparison([row("generation", "same"), row("reward_mean", "better")], [])
     assert not same.worse
-    worse = Comparison([row("generation", "same"), row("errors", "worse")], ["d (only in B)"])
+    worse = Comparison([row("generation", "same"), row("error_rate", "worse")], ["d (only in B)"])
     assert worse.worse
     text = render_comparison(worse)
     lines = [[x for x in line.split("  ") if x.strip()] for line in text.splitlines()[1:3]]
@@ -171,12 +176,12 @@ def test_a_comparison_is_worse_when_any_row_is_and_renders_each_row() -> None:
         "c", "generation", "500 ms", "750 ms", "+250 ms", "[+150 ms, +350 ms]", "same"
     ]  # fmt: skip
     assert [x.strip() for x in lines[1]] == [
-        "c", "errors", "0.5", "0.75", "+0.25", "[+0.15, +0.35]", "worse"
+        "c", "error_rate", "0.5", "0.75", "+0.25", "[+0.15, +0.35]", "worse"
     ]  # fmt: skip
     flat = render_comparison(Comparison([row("total", "same", a=1.0, diff=0.0)], []))
     assert " +0 " not in flat and "1 s" in flat
     assert text.splitlines()[-2:] == [
-        "2 rows: 1 same, 0 better, 1 worse",
+        "2 rows: 1 same, 0 better, 1 worse, 0 changed",
         "unmatched: d (only in B)",
     ]
     csv_text = render_comparison(worse, "csv")
@@ -191,7 +196,8 @@ def test_unmatched_cells_list_a_side_first_and_do_not_stop_the_matching(tmp_path
     write_cell(tmp_path / "b", make_cell("zzz-r1", runtime="zzz", rollouts=8))
     write_cell(tmp_path / "b", make_cell("zzz-r2", runtime="zzz", rollouts=9))
     result = compare_paths(tmp_path / "a", tmp_path / "b", resamples=100)
-    assert {r.cell for r in result.rows} == {"none-r64"} and len(result.rows) == 6
+    assert {r.cell for r in result.rows} == {"none-r64"}
+    assert len(result.rows) == len(metrics_of(make_cell()))
     b = tmp_path / "b"
     assert result.unmatched == [f"aaa-r1 (only in {tmp_path / 'a'})", f"zzz-r1 (only in {b})",
                                 f"zzz-r2 (only in {b})"]  # fmt: skip

@@ -148,15 +148,21 @@ def test_compare_same_and_worse_from_run_directories(tmp_path: Path) -> None:
     # Two runs of one sim differ by the machine's noise: the tolerance is the widest relative
     # p10–p90 spread measured within the runs themselves, not a fixed few ms.
     tolerance = noise_tolerance(runs["a"], runs["b"])
-    same = run_cli(["compare", str(runs["a"]), str(runs["b"]), "--tolerance", f"{tolerance:.4f}"])
+    core = ",".join([*SUMMARY_STAGES, "error_rate", "reward_mean"])
+    same = run_cli(["compare", str(runs["a"]), str(runs["b"]), "--tolerance", f"{tolerance:.4f}",
+                    "--metric", core])  # fmt: skip
     assert same.returncode == 0, same.stdout + same.stderr
     assert "6 rows: 6 same, 0 better, 0 worse" in same.stdout
     verdicts = compare_csv(runs["a"], runs["b"], "--tolerance", f"{tolerance:.4f}")
-    assert verdicts == dict.fromkeys([*SUMMARY_STAGES, "errors", "reward"], "same")
+    assert {k: verdicts[k] for k in core.split(",")} == dict.fromkeys(core.split(","), "same")
+    assert verdicts["e2e_s"] == "n/a"  # one observation a side: no interval
     worse = run_cli(["compare", str(runs["a"]), str(runs["slow"])])
     assert worse.returncode == 1, worse.stdout + worse.stderr
     verdicts = compare_csv(runs["a"], runs["slow"])
     assert verdicts["generation"] == "worse" and verdicts["total"] == "worse"
+    assert verdicts["ttft_s"] == "worse"  # a declared metric of gsm8k, from its records
+    bad = run_cli(["compare", str(runs["a"]), str(runs["b"]), "--metric", "no_such"])
+    assert bad.returncode == 2 and "accepted: setup, generation" in bad.stderr
 
 
 def compare_csv(a: Path, b: Path, *extra: str) -> dict[str, str]:

@@ -241,7 +241,7 @@ def test_start_failures_are_retried_and_counted() -> None:
         benchmark="t",
         count=2,
         make_task=lambda i: Task(),
-        make_runtime=lambda: create_runtime(config),
+        make_runtime=lambda _index: create_runtime(config),
         runtime_name="bwrap",
         runtime_retries=2,
     )

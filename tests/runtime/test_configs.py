@@ -65,7 +65,7 @@ def test_runtime_factory_shares_one_start_rate_across_runtimes() -> None:
     make = runtime_factory(runtime_config("subprocess", start_rate=40.0))
 
     async def main() -> float:
-        runtimes = [make() for _ in range(5)]
+        runtimes = [make(i) for i in range(5)]
         started = time.perf_counter()
         await asyncio.gather(*(rt.start() for rt in runtimes))
         elapsed = time.perf_counter() - started

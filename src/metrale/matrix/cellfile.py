@@ -14,25 +14,27 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from metrale import __version__
 from metrale.errors import UsageError
-from metrale.rollout import SUMMARY_STAGES, RolloutRecord, stage_durations
+from metrale.plugin import RunSummary
+from metrale.rollout import ROLLOUT_METRICS, RolloutRecord, summarize_records
 
 
-class CellResult(BaseModel):
-    """What one cell measured. Durations are seconds, sorted ascending, one per rollout that
-    reached the stage (a failed stage still counts: its duration is the time until it failed).
-    `reward_mean` is the mean over rollouts that have a reward; `errors` counts rollouts with an
-    error. `max_concurrent` is absent from the file when unbounded."""
+class CellResult(RunSummary):
+    """What one cell measured: the cell's identity, and its run's `RunSummary` embedded (the
+    same numbers result.json holds: `e2e_s`, `errors`, `reward_mean`, the sorted per-rollout
+    `durations`, every declared metric and its sample). `rollouts` is None for a benchmark
+    without a rollout count (serve); `max_concurrent` is absent from the file when
+    unbounded."""
 
     cell: str
     benchmark: str
     tier: str | None = None
     runtime: str
     runtime_config: dict[str, Any] | None = None
-    rollouts: int
+    rollouts: int | None = None
     max_concurrent: int | None = None
     params: dict[str, Any] = Field(default_factory=dict)
     target: str = ""
@@ -41,16 +43,19 @@ class CellResult(BaseModel):
     started_at: str = ""
     status: Literal["completed", "failed"] = "completed"
     error: str | None = None
-    e2e_s: float | None = None
-    records: int = Field(default=0, description="rollout records written (finished rollouts)")
-    errors: int = 0
-    reward_mean: float | None = None
-    rewards: list[float] = Field(default_factory=list, description="sorted per-rollout rewards")
-    durations: dict[str, list[float]] = Field(default_factory=lambda: _no_durations())
     run_dir: str | None = None
 
-    def stage(self, name: str) -> list[float]:
-        return self.durations.get(name, [])
+    def sample(self, name: str) -> list[Any]:
+        """As `RunSummary.sample`; a cell file written before samples were kept still has
+        the samples of the reward and the error rate, from its rewards and counts."""
+        found = super().sample(name)
+        if found or name in self.samples:
+            return found
+        if name == "reward_mean":
+            return list(self.rewards)
+        if name in ("error_rate", "errors"):
+            return self.error_flags()
+        return found
 
     def error_flags(self) -> list[float]:
         """One 0/1 per finished rollout (1 = failed): the sample behind the error rate."""
@@ -59,25 +64,22 @@ class CellResult(BaseModel):
     def sort_key(self) -> tuple[Any, ...]:
         """Sweep order: tier, runtime, rollouts, then cap (unbounded first), then parameters."""
         conc = -1 if self.max_concurrent is None else self.max_concurrent
-        return (self.tier or "", self.runtime, self.rollouts, conc, self.cell)
+        return (self.tier or "", self.runtime, self.rollouts or 0, conc, self.cell)
 
-
-def _no_durations() -> dict[str, list[float]]:
-    return {s: [] for s in SUMMARY_STAGES}
+    def with_summary(self, summary: RunSummary) -> CellResult:
+        """This cell with `summary`'s numbers."""
+        return self.model_copy(update=summary.model_dump())
 
 
 def summarize(records: Sequence[RolloutRecord], cell: CellResult) -> CellResult:
-    """Fill the per-rollout numbers of `cell` from the records of its run."""
-    rewards = sorted(r.reward for r in records if r.reward is not None)
-    return cell.model_copy(
-        update={
-            "records": len(records),
-            "errors": sum(1 for r in records if r.error is not None),
-            "rewards": rewards,
-            "reward_mean": sum(rewards) / len(rewards) if rewards else None,
-            "durations": stage_durations(records),
-        }
-    )
+    """Fill the numbers of `cell` from the records of its run (declared metrics included)."""
+    from metrale.plugin import get_benchmark
+
+    try:
+        metrics = get_benchmark(cell.benchmark)().metrics()
+    except UsageError:  # a benchmark no longer installed: the standard metrics only
+        metrics = list(ROLLOUT_METRICS)
+    return cell.with_summary(summarize_records(records, metrics, cell.e2e_s))
 
 
 def read_records(path: Path) -> list[RolloutRecord]:
@@ -152,7 +154,8 @@ def read_cells(directory: Path) -> list[CellResult]:
 
 
 def cell_from_run_dir(run_dir: Path) -> CellResult:
-    """A cell summary of a plain run directory, named after the directory."""
+    """A cell summary of a plain run directory, named after the directory: the summary its
+    result.json holds, else (a run that never finished) one made from its records."""
     try:
         info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -161,12 +164,13 @@ def cell_from_run_dir(run_dir: Path) -> CellResult:
         raise UsageError(f"cannot read {run_dir / 'run.json'}: {exc}") from None
     params = info.get("params") or {}
     runtime = info.get("runtime") or None
+    rollouts = params.get("rollouts")
     cell = CellResult(
         cell=run_dir.name,
         benchmark=str(info.get("benchmark", "")),
         runtime=str(runtime.get("type", "?")) if isinstance(runtime, dict) else "none",
         runtime_config=runtime if isinstance(runtime, dict) else None,
-        rollouts=int(params.get("rollouts") or 0),
+        rollouts=int(rollouts) if isinstance(rollouts, int) else None,
         max_concurrent=params.get("max_concurrent"),
         params={k: v for k, v in params.items() if k not in ("rollouts", "max_concurrent")},
         target=str(info.get("target", "")),
@@ -179,10 +183,12 @@ def cell_from_run_dir(run_dir: Path) -> CellResult:
     if result_path.is_file():
         try:
             outcome = json.loads(result_path.read_text(encoding="utf-8"))
-            cell.e2e_s = outcome.get("e2e_s")
             result = outcome.get("result") or {}
             if result.get("status") == "failed":
                 cell.status, cell.error = "failed", result.get("error")
+            if result.get("measured"):
+                return cell.with_summary(RunSummary.model_validate(result["measured"]))
+            cell.e2e_s = outcome.get("e2e_s")
         except (OSError, ValueError):
             pass
     return summarize(read_records(run_dir / "rollouts.jsonl"), cell)

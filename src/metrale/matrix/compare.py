@@ -1,26 +1,26 @@
 """Tell a real difference between two sets of results from noise: A vs B, metric by metric.
 
-Each row compares one metric of two cells (B − A) with a percentile-bootstrap 95% interval
-(`metrale.stats.bootstrap_diff`, 2,000 resamples, fixed seed so that the same inputs always give
-the same output). The metrics and their statistic:
-
-- `setup`, `generation`, `scoring`, `total`: the p50 of the per-rollout durations, seconds;
-  lower is better.
-- `errors`: the error rate, failed rollouts / finished rollouts; lower is better.
-- `reward`: the mean reward over rollouts that have one; higher is better.
+Each row compares one declared metric of two cells (B − A) with a percentile-bootstrap 95%
+interval (`metrale.stats.bootstrap_diff`, 2,000 resamples, fixed seed so that the same inputs
+always give the same output). The metrics, their statistic and direction are the benchmark's
+declarations (`plugin.Metric`): for a rollout benchmark the stage p50s (`setup`, `generation`,
+`scoring`, `total`), `reward_mean`, `error_rate`, ... and its own; for serve TTFT, TPOT, ITL,
+E2E percentiles and the throughputs. The samples are the cells' summaries'.
 
 Verdict rule, per row: **same** when the interval contains 0, or when the difference is smaller
 than the tolerance: `max(rel_tol × |A|, abs_tol)` (defaults 5% and, for durations, 1 ms: below
 that, scheduling jitter on a shared machine dominates). Otherwise **better** or **worse** by the
-sign of the difference and the metric's direction. `n/a` when a side has no sample.
+sign of the difference and the metric's direction, or **changed** for a metric with no better
+direction (a count of turns). `n/a` when a side has no sample, and for a whole-run value (e2e),
+which is one observation per side and so has no interval.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from metrale.errors import UsageError
 from metrale.matrix.cellfile import (
@@ -30,38 +30,20 @@ from metrale.matrix.cellfile import (
     read_cell,
     read_cells,
 )
-from metrale.matrix.report import seconds_text
-from metrale.rollout import SUMMARY_STAGES
-from metrale.stats import bootstrap_diff, mean, percentile
+from metrale.matrix.report import declared_metrics, seconds_text
+from metrale.plugin import Metric, find_metric
+from metrale.rollout import ROLLOUT_METRICS
+from metrale.stats import bootstrap_diff
 from metrale.table import render
 
-Verdict = Literal["same", "better", "worse", "n/a"]
+Verdict = Literal["same", "better", "worse", "changed", "n/a"]
 #: Durations below this differ by scheduling jitter, not by the system under test (seconds).
 DURATION_ABS_TOL_S = 0.001
+_ABS_TOL = {"s": DURATION_ABS_TOL_S, "ms": DURATION_ABS_TOL_S * 1000}
 
 
-@dataclass(frozen=True)
-class Metric:
-    name: str
-    sample: Callable[[CellResult], list[float]]
-    stat: Callable[[Sequence[float]], float | None]
-    lower_is_better: bool
-    abs_tol: float = 0.0
-
-
-def _p50(xs: Sequence[float]) -> float | None:
-    return percentile(xs, 50)
-
-
-def _stage_metric(stage: str) -> Metric:
-    return Metric(stage, lambda c: c.stage(stage), _p50, True, DURATION_ABS_TOL_S)
-
-
-METRICS: tuple[Metric, ...] = (
-    *(_stage_metric(s) for s in SUMMARY_STAGES),
-    Metric("errors", CellResult.error_flags, mean, True),
-    Metric("reward", lambda c: list(c.rewards), mean, False),
-)
+def abs_tol(metric: Metric) -> float:
+    return _ABS_TOL.get(metric.unit, 0.0)
 
 
 @dataclass(frozen=True)
@@ -79,29 +61,66 @@ class Row:
 def verdict(
     estimate: float, low: float, high: float, a: float, metric: Metric, rel_tol: float
 ) -> Verdict:
-    """The rule in the module docstring: same / better / worse for one row."""
-    tolerance = max(rel_tol * abs(a), metric.abs_tol)
+    """The rule in the module docstring: same / better / worse / changed for one row."""
+    tolerance = max(rel_tol * abs(a), abs_tol(metric))
     if low <= 0 <= high or abs(estimate) <= tolerance:
         return "same"
+    if metric.better is None:
+        return "changed"
     worse = estimate > 0 if metric.lower_is_better else estimate < 0
     return "worse" if worse else "better"
 
 
+def metrics_of(cell: CellResult) -> list[Metric]:
+    """The metrics `cell`'s benchmark declares (the standard rollout ones if it is gone)."""
+    return declared_metrics([cell]) or list(ROLLOUT_METRICS)
+
+
+def pick_metrics(metrics: Sequence[Metric], names: Sequence[str], benchmark: str) -> list[Metric]:
+    """`compare --metric`: the named declared metrics, or all of them when none is named."""
+    if not names:
+        return list(metrics)
+    return [find_metric(metrics, n, what="--metric", benchmark=benchmark) for n in names]
+
+
 def compare_cells(
-    a: CellResult, b: CellResult, *, rel_tol: float = 0.05, resamples: int = 2000
+    a: CellResult,
+    b: CellResult,
+    *,
+    rel_tol: float = 0.05,
+    resamples: int = 2000,
+    names: Sequence[str] = (),
 ) -> list[Row]:
     label = a.cell if a.cell == b.cell else f"{a.cell} vs {b.cell}"
+    if a.benchmark != b.benchmark:
+        raise UsageError(f"{label}: a {a.benchmark} cell and a {b.benchmark} cell do not compare")
     rows = []
-    for m in METRICS:
-        xa, xb = m.sample(a), m.sample(b)
-        sa, sb = m.stat(xa), m.stat(xb)
-        if not xa or not xb or sa is None or sb is None:
-            rows.append(Row(label, m.name, sa, sb, None, None, None, "n/a"))
-            continue
-        iv = bootstrap_diff(xa, xb, m.stat, resamples=resamples)
-        v = verdict(iv.estimate, iv.low, iv.high, sa, m, rel_tol)
-        rows.append(Row(label, m.name, sa, sb, iv.estimate, iv.low, iv.high, v))
+    for m in pick_metrics(metrics_of(a), names, a.benchmark):
+        rows.append(_row(label, m, a, b, rel_tol, resamples))
     return rows
+
+
+def _row(
+    label: str, m: Metric, a: CellResult, b: CellResult, rel_tol: float, resamples: int
+) -> Row:
+    if m.stat == "value":
+        va, vb = a.metrics.get(m.name), b.metrics.get(m.name)
+        if m.name == "e2e_s":
+            va, vb = a.e2e_s, b.e2e_s
+        diff = None if va is None or vb is None else float(vb) - float(va)
+        return Row(label, m.name, _f(va), _f(vb), diff, None, None, "n/a")
+    xa: list[Any] = a.sample(m.name)
+    xb: list[Any] = b.sample(m.name)
+    sa, sb = m.compute(xa), m.compute(xb)
+    if not xa or not xb or sa is None or sb is None:
+        return Row(label, m.name, sa, sb, None, None, None, "n/a")
+    iv = bootstrap_diff(xa, xb, m.compute, resamples=resamples)  # type: ignore[arg-type]
+    v = verdict(iv.estimate, iv.low, iv.high, sa, m, rel_tol)
+    return Row(label, m.name, sa, sb, iv.estimate, iv.low, iv.high, v)
+
+
+def _f(x: float | int | None) -> float | None:
+    return None if x is None else float(x)
 
 
 def load_side(path: Path) -> CellResult | list[CellResult]:
@@ -119,17 +138,23 @@ def load_side(path: Path) -> CellResult | list[CellResult]:
 class Comparison:
     rows: list[Row]
     unmatched: list[str]
+    #: the declared metrics of the rows (their units decide how numbers are shown)
+    metrics: list[Metric] = field(default_factory=list)
 
     @property
     def worse(self) -> bool:
         return any(r.verdict == "worse" for r in self.rows)
 
 
-def compare_paths(a: Path, b: Path, *, rel_tol: float = 0.05, resamples: int = 2000) -> Comparison:
+def compare_paths(
+    a: Path, b: Path, *, rel_tol: float = 0.05, resamples: int = 2000, names: Sequence[str] = ()
+) -> Comparison:
     """Compare two inputs; two sweep directories are matched cell by cell, by name."""
     side_a, side_b = load_side(a), load_side(b)
+    kw: dict[str, Any] = {"rel_tol": rel_tol, "resamples": resamples, "names": names}
     if isinstance(side_a, CellResult) and isinstance(side_b, CellResult):
-        return Comparison(compare_cells(side_a, side_b, rel_tol=rel_tol, resamples=resamples), [])
+        rows = compare_cells(side_a, side_b, **kw)
+        return Comparison(rows, [], metrics_of(side_a))
     if isinstance(side_a, CellResult) or isinstance(side_b, CellResult):
         raise UsageError(
             "compare a cell with a cell and a sweep directory with a sweep directory "
@@ -145,10 +170,10 @@ def compare_paths(a: Path, b: Path, *, rel_tol: float = 0.05, resamples: int = 2
         if other is None:
             unmatched.insert(0, f"{cell.cell} (only in {a})")
             continue
-        rows += compare_cells(cell, other, rel_tol=rel_tol, resamples=resamples)
+        rows += compare_cells(cell, other, **kw)
     if not rows:
         raise UsageError(f"{a} and {b} have no cell name in common")
-    return Comparison(rows, unmatched)
+    return Comparison(rows, unmatched, metrics_of(side_a[0]) if side_a else [])
 
 
 COLUMNS = ("cell", "metric", "A", "B", "B−A", "95% interval", "verdict")
@@ -161,9 +186,10 @@ def render_comparison(result: Comparison, style: str = "plain") -> str:
         raw = [[r.cell, r.metric, r.a, r.b, r.diff, r.low, r.high, r.verdict] for r in result.rows]
         columns = ("cell", "metric", "a", "b", "diff", "low", "high", "verdict")
         return render(columns, [[_raw(v) for v in row] for row in raw], style="csv")
+    units = _units(result)
     rows = []
     for r in result.rows:
-        fmt = _duration if r.metric in SUMMARY_STAGES else _plain
+        fmt = _duration if units.get(r.metric) == "s" else _plain
         interval = (
             "-"
             if r.low is None or r.high is None
@@ -171,10 +197,17 @@ def render_comparison(result: Comparison, style: str = "plain") -> str:
         )
         rows.append([r.cell, r.metric, fmt(r.a), fmt(r.b), fmt(r.diff, True), interval, r.verdict])
     text = render(COLUMNS, rows, style=style)
-    counts = {v: sum(1 for r in result.rows if r.verdict == v) for v in ("same", "better", "worse")}
+    counts = {
+        v: sum(1 for r in result.rows if r.verdict == v)
+        for v in ("same", "better", "worse", "changed")
+    }
     tail = [f"{len(result.rows)} rows: " + ", ".join(f"{n} {v}" for v, n in counts.items())]
     tail += [f"unmatched: {u}" for u in result.unmatched]
     return text + "\n" + "\n".join(tail)
+
+
+def _units(result: Comparison) -> dict[str, str]:
+    return {m.name: m.unit for m in (*ROLLOUT_METRICS, *result.metrics)}
 
 
 def _duration(x: float | None, signed: bool = False) -> str:

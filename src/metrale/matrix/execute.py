@@ -21,8 +21,9 @@ from metrale import runner
 from metrale.endpoint.client import ClientOptions, Target
 from metrale.errors import UsageError
 from metrale.matrix.cellfile import CellResult, read_cell, read_records, summarize, write_cell
-from metrale.matrix.sweep import AXIS_PARAMS, Cell, Sweep, resolve_runtime
-from metrale.plugin import get_benchmark
+from metrale.matrix.sweep import NO_RUNTIME, Cell, Sweep, resolve_runtime
+from metrale.plugin import Benchmark, canonical_id, get_benchmark
+from metrale.rollout.driver import STANDARD_AXES
 from metrale.runtime.base import RuntimeConfig
 from metrale.stats import Spread
 
@@ -39,33 +40,81 @@ class SweepPlan:
 def plan_sweep(sweep: Sweep) -> SweepPlan:
     """Check every axis value and every parameter combination before any cell runs.
 
-    A rollouts axis left unset takes the benchmark's own default. Raises `UsageError` naming the
-    first bad value and what is accepted.
+    The benchmark's declarations decide what may be swept (`sweep_axes`), where it may run
+    (`runtime_choice`) and whether it takes a runtime at all (`options`). A rollouts axis left
+    unset takes the benchmark's own default; a runtime axis left unset, its default runtime.
+    Raises `UsageError` naming the first bad value and what is accepted.
     """
     bench_cls = get_benchmark(sweep.benchmark)
-    specs = {s.name: s for s in bench_cls().parameters()}
-    missing = [p for p in AXIS_PARAMS if p not in specs]
-    if missing:
-        raise UsageError(
-            f"benchmark {sweep.benchmark} has no {missing[0]} parameter, so it cannot be swept"
-        )
-    if sweep.rollouts == [None]:
+    sweep.benchmark = canonical_id(sweep.benchmark)
+    bench = bench_cls()
+    specs = {s.name: s for s in bench.parameters()}
+    axes = bench.sweep_axes()
+    for name, values in sweep.params.items():
+        if name not in specs:
+            raise UsageError(
+                f"{sweep.benchmark} has no parameter {name!r}; its parameters: " + ", ".join(specs)
+            )
+        if len(values) > 1 and name not in axes:
+            raise UsageError(
+                f"{sweep.benchmark} cannot sweep {name!r}; its sweep axes: {', '.join(axes)}"
+            )
+    for axis, values in (("rollouts", sweep.rollouts), ("max_concurrent", sweep.max_concurrent)):
+        if values != [None] and axis not in axes:
+            flag = "--" + axis.replace("_", "-")
+            raise UsageError(
+                f"{sweep.benchmark} has no {axis} axis, so {flag} does not apply; "
+                f"its sweep axes: {', '.join(axes)}"
+            )
+    if sweep.rollouts == [None] and "rollouts" in specs:
         sweep.rollouts = [specs["rollouts"].default]
-    runtimes = {
-        name: resolve_runtime(name, sweep.runtime_options.get(name, {})) for name in sweep.runtimes
-    }
+    runtimes = _plan_runtimes(sweep, bench)
     unused = set(sweep.runtime_options) - set(sweep.runtimes)
     if unused:
         raise UsageError(f"runtime_options.{sorted(unused)[0]} names a runtime not in the sweep")
     cells = sweep.cells()
     seen: set[str] = set()
     for cell in cells:
-        raw = {**cell.params, "rollouts": cell.rollouts, "max_concurrent": cell.max_concurrent}
+        raw = cell_params(cell)
         key = repr(sorted(raw.items(), key=lambda kv: kv[0]))
         if key not in seen:
             seen.add(key)
             bench_cls().configure(raw)
     return SweepPlan(sweep=sweep, cells=cells, runtimes=runtimes)
+
+
+def _plan_runtimes(sweep: Sweep, bench: Benchmark) -> dict[str, RuntimeConfig | None]:
+    """The config of each runtime axis value, checked against the benchmark and the machine.
+    Without `--runtime`, a benchmark that needs one sweeps its default (named after it)."""
+    if "runtime" not in bench.options:
+        sweep.named_runtime = False
+        if sweep.runtimes != [NO_RUNTIME]:
+            raise UsageError(
+                f"{sweep.benchmark} runs nothing in a sandbox, so it takes no --runtime"
+            )
+        return {NO_RUNTIME: None}
+    default = bench.runtime_choice(None)
+    if sweep.runtimes == [NO_RUNTIME] and not sweep.runtime_given and default is not None:
+        sweep.runtimes = [default.type]
+    runtimes: dict[str, RuntimeConfig | None] = {}
+    for name in sweep.runtimes:
+        config = resolve_runtime(name, sweep.runtime_options.get(name, {}))
+        if config is None and default is not None:
+            raise UsageError(
+                f"{sweep.benchmark} needs a runtime, so --runtime none does not apply; "
+                f"its default is {default.type}"
+            )
+        runtimes[name] = bench.runtime_choice(config) if config is not None else None
+    return runtimes
+
+
+def cell_params(cell: Cell) -> dict[str, object]:
+    """The benchmark parameters of one cell: its own, and the standard axes it sets."""
+    raw = dict(cell.params)
+    if cell.rollouts is not None:
+        raw["rollouts"] = cell.rollouts
+        raw["max_concurrent"] = cell.max_concurrent
+    return raw
 
 
 async def run_sweep(
@@ -101,11 +150,7 @@ async def run_sweep(
         target = targets[cell.tier.name]
         request = runner.RunRequest(
             benchmark=plan.sweep.benchmark,
-            params={
-                **cell.params,
-                "rollouts": cell.rollouts,
-                "max_concurrent": cell.max_concurrent,
-            },
+            params=cell_params(cell),
             target=target,
             client_options=options,
             runtime=plan.runtimes[cell.runtime],
@@ -161,23 +206,24 @@ async def run_cell(cell: Cell, request: runner.RunRequest) -> CellResult:
         assert request.out is not None
         return summarize(read_records(request.out / "rollouts.jsonl"), base)
     base.started_at = outcome.info.started_at
-    base.params = {k: v for k, v in outcome.info.params.items() if k not in AXIS_PARAMS}
+    base.params = {k: v for k, v in outcome.info.params.items() if k not in STANDARD_AXES}
     base.metrale_version = outcome.info.metrale_version
-    base.e2e_s = outcome.e2e_s
     if outcome.result.status.value != "completed":
         base.status, base.error = "failed", outcome.result.error or "run failed"
-    return summarize(read_records(request.out / "rollouts.jsonl"), base)  # type: ignore[operator]
+    if outcome.result.measured is not None:
+        return base.with_summary(outcome.result.measured)
+    assert request.out is not None
+    return summarize(read_records(request.out / "rollouts.jsonl"), base)
 
 
 def cell_line(cell: CellResult) -> str:
-    """The line printed as each cell finishes."""
+    """The line printed as each cell finishes; e2e is the summary's (the work phase)."""
     total = Spread.of(cell.stage("total"))
     e2e = "-" if cell.e2e_s is None else f"{cell.e2e_s:.2f} s"
     reward = "-" if cell.reward_mean is None else f"{cell.reward_mean:.3f}"
-    text = (
-        f"{cell.cell}  e2e {e2e}  err {cell.errors}/{cell.rollouts}  rew {reward}  "
-        f"total {total.cell()} s"
-    )
+    text = f"{cell.cell}  e2e {e2e}  err {cell.errors}/{cell.records}  rew {reward}"
+    if total.n:
+        text += f"  total {total.cell()} s"
     if cell.status == "failed":
         text += f"  FAILED: {cell.error}"
     return text

@@ -20,12 +20,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from metrale.errors import UsageError, read_user_file
+from metrale.rollout.driver import STANDARD_AXES
 from metrale.runtime.base import RuntimeConfig
 
 #: The runtime axis value that runs rollouts in metrale's process, with no sandbox.
 NO_RUNTIME = "none"
-#: Benchmark parameters the sweep sets itself; `-p` may not set them.
-AXIS_PARAMS = ("rollouts", "max_concurrent")
+#: The rollout driver's standard axes, which have flags of their own (`--rollouts`,
+#: `--max-concurrent`); `-p` may not set them.
+AXIS_PARAMS = STANDARD_AXES
 _TOML_KEYS = {
     "benchmark",
     "out",
@@ -56,7 +58,7 @@ class Cell:
     name: str
     tier: Tier
     runtime: str
-    rollouts: int
+    rollouts: int | None
     max_concurrent: int | None
     params: Mapping[str, object]
 
@@ -71,20 +73,22 @@ class Sweep:
     params: dict[str, list[object]] = field(default_factory=dict)
     tiers: list[Tier] = field(default_factory=lambda: [Tier("default")])
     runtime_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the user named the runtime axis (else a benchmark's default runtime may fill it)
+    runtime_given: bool = False
+    #: cell names start with the runtime (false for a benchmark that takes none: serve)
+    named_runtime: bool = True
 
     def cells(self) -> list[Cell]:
-        """Every cell in sweep order; `rollouts` must have been resolved (no None left)."""
+        """Every cell in sweep order; `rollouts` is None for a benchmark without the axis."""
         keys = list(self.params)
         swept = [k for k in keys if len(self.params[k]) > 1]
         out: list[Cell] = []
         core = itertools.product(self.tiers, self.runtimes, self.rollouts, self.max_concurrent)
         for tier, runtime, rollouts, conc in core:
-            if rollouts is None:
-                raise ValueError("resolve the rollouts axis before listing cells")
             for values in itertools.product(*(self.params[k] for k in keys)):
                 params = dict(zip(keys, values, strict=True))
                 name = cell_name(
-                    runtime,
+                    runtime if self.named_runtime else None,
                     rollouts,
                     conc,
                     tier=tier.name if len(self.tiers) > 1 else None,
@@ -99,22 +103,26 @@ class Sweep:
 
 
 def cell_name(
-    runtime: str,
-    rollouts: int,
+    runtime: str | None,
+    rollouts: int | None,
     max_concurrent: int | None,
     *,
     tier: str | None = None,
     params: Mapping[str, object] | None = None,
 ) -> str:
-    """`[<tier>-]<runtime>-r<rollouts>[-c<max_concurrent>][-<param>=<value>...]`."""
+    """`[<tier>-]<runtime>-r<rollouts>[-c<max_concurrent>][-<param>=<value>...]`; a part
+    without a value (no runtime, no rollout count) is left out."""
     parts = [tier] if tier else []
-    parts += [runtime, f"r{rollouts}"]
+    if runtime is not None:
+        parts.append(runtime)
+    if rollouts is not None:
+        parts.append(f"r{rollouts}")
     if max_concurrent is not None:
         parts.append(f"c{max_concurrent}")
     for key, value in (params or {}).items():
         text = "none" if value is None else str(value)
         parts.append(f"{key}={re.sub(r'[^A-Za-z0-9_.+]', '_', text)}")
-    return "-".join(parts)
+    return "-".join(parts) or "default"
 
 
 def select(cells: Sequence[Cell], patterns: Sequence[str]) -> list[Cell]:
@@ -404,4 +412,5 @@ def build_sweep(
         params=swept,
         tiers=tier_list,
         runtime_options=toml_runtime_options(data),
+        runtime_given=runtime is not None or "runtime" in data,
     )

@@ -124,8 +124,11 @@ def _verdict_lines(result: dict[str, Any]) -> list[str]:
     ]
 
 
-def test_the_runners_runtime_wins_over_the_parameter(warm_cargo: WarmCache, tmp_path: Path) -> None:
-    """A matrix cell hands the runner a runtime config; the benchmark runs in it, with its binds."""
+def test_the_runners_runtime_is_the_one_used_and_recorded(
+    warm_cargo: WarmCache, tmp_path: Path
+) -> None:
+    """A matrix cell hands the runner a runtime config; the benchmark runs in it, and run.json
+    records that runtime (not a default it did not use)."""
     import asyncio
 
     from metrale import runner
@@ -135,7 +138,7 @@ def test_the_runners_runtime_wins_over_the_parameter(warm_cargo: WarmCache, tmp_
     with start_sim("--replay", str(REPLAYS.joinpath("turn_cap.jsonl"))) as sim:
         request = runner.RunRequest(
             benchmark="agentic_webserver",
-            params={"max_turns": 1, "runtime": "bwrap"},
+            params={"max_turns": 1},
             target=Target(base_url=sim.url, model=sim.model),
             runtime=runtime_config("subprocess"),
             out=tmp_path / "run",
@@ -145,6 +148,8 @@ def test_the_runners_runtime_wins_over_the_parameter(warm_cargo: WarmCache, tmp_
         outcome = asyncio.run(runner.run(request))
     record = json.loads((tmp_path / "run/rollouts.jsonl").read_text())
     assert record["runtime"] == "subprocess" and outcome.result.metrics["sum_turns"] == 1
+    info = json.loads((tmp_path / "run/run.json").read_text())
+    assert info["runtime"]["type"] == "subprocess" and "runtime" not in info["params"]
     assert any("in the subprocess runtime" in line.message for line in outcome.result.logs)
 
 

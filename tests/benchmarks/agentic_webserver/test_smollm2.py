@@ -38,7 +38,7 @@ def test_smollm2_run_finishes_and_reports_failure(warm_cargo: WarmCache, tmp_pat
     result = outcome.result
     assert result.status is Status.COMPLETED, (result.error, [x.message for x in result.logs])
     m = result.metrics
-    assert m["iterations"] == 1 and m["webserver_ok"] == 0
+    assert m["rollouts"] == 1 and m["webserver_ok"] == 0
     assert 1 <= m["sum_turns"] <= 2 and m["s_per_turn"] is not None and m["s_per_turn"] > 0
     assert result.verdict.passed is False and outcome.exit_code == 1
     note = result.table.rows[0][-1]

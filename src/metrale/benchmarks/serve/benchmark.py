@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
 from metrale.benchmarks.serve.client import PreparedRequest, StreamClient
+from metrale.benchmarks.serve.declared import METRICS, samples
 from metrale.benchmarks.serve.load import (
     Bound,
     LevelSpec,
@@ -41,17 +41,16 @@ from metrale.benchmarks.serve.prompts import (
 )
 from metrale.errors import UsageError
 from metrale.plugin import (
-    BackgroundRun,
     BenchmarkResult,
     Descriptor,
-    LogLine,
+    Metric,
     ParamSpec,
-    ParamValues,
     PluginHandle,
+    RunSummary,
     Status,
     Table,
-    validate_params,
 )
+from metrale.rollout import BenchmarkBase
 from metrale.stats import percentile
 
 LEVELS_FILE = "levels.json"
@@ -106,7 +105,19 @@ def parse_percentiles(text: str) -> list[float]:
     return qs
 
 
-class ServeBenchmark:
+#: The parameters a sweep may vary: the load, and the shape of each request.
+SWEEP_AXES = (
+    "concurrency", "rate", "arrivals", "burstiness", "max_concurrency", "input_tokens",
+    "max_tokens", "num_prompts", "requests", "duration_s", "api",
+)  # fmt: skip
+
+
+class ServeBenchmark(BenchmarkBase):
+    #: serve never retries (a retry changes the load) and runs nothing in a sandbox
+    options: ClassVar[frozenset[str]] = frozenset({"request_timeout", "stream", "max_response"})
+    #: serve sends through its own lean client (`client.py`), not the chat client
+    chat_client: ClassVar[bool] = False
+    poll_s: ClassVar[float] = 0.5
     descriptor: ClassVar[Descriptor] = Descriptor(
         id="serve",
         name="Serve",
@@ -122,17 +133,16 @@ class ServeBenchmark:
         return plot_serve(run_dir, output)
 
     def __init__(self) -> None:
-        self.values = ParamValues()
+        super().__init__()
         self.slos: dict[str, float] = {}
         self.percentiles: list[float] = []
         self._file_prompts: list[Prompt] | None = None
-        self._handle: PluginHandle | None = None
         self._client: StreamClient | None = None
         self._bodies: list[PreparedRequest] = []
-        self._work = BackgroundRun()
         self._state: LevelState | None = None
         self._levels = ServeLevels(load="concurrency")
-        self._logs: list[LogLine] = []
+        #: the measured records of each level, for the samples of the reported one
+        self._records: dict[int, list[RequestRecord]] = {}
         self._t0 = 0.0
         self._next_prompt = 0
         self._ignore_eos = False
@@ -193,8 +203,14 @@ class ServeBenchmark:
                       help="prompts and arrival times"),
         ]  # fmt: skip
 
-    def configure(self, values: Mapping[str, object]) -> ParamValues:
-        v = validate_params(self.parameters(), values)
+    def sweep_axes(self) -> list[str]:
+        return list(SWEEP_AXES)
+
+    def metrics(self) -> list[Metric]:
+        return list(METRICS)
+
+    def configured(self) -> None:
+        v = self.values
         self.slos = parse_slos(v["slo"])
         self.percentiles = parse_percentiles(v["percentiles"])
         if v["load"] == "rate" and v["rate"] is None:
@@ -203,14 +219,12 @@ class ServeBenchmark:
             raise UsageError("give --requests N or --duration-s S (a level must stop)")
         if v["prompts"] not in ("synthetic", "gsm8k"):
             self._file_prompts = load_jsonl(Path(v["prompts"]))
-        self.values = v
-        return v
 
     # ------------------------------------------------------------------------ load
 
-    async def load(self, handle: PluginHandle) -> None:
-        self._handle = handle
+    async def prepare(self, handle: PluginHandle) -> None:
         v = self.values
+        assert handle.target is not None
         self._client = await StreamClient(
             handle.target, handle.client_options, v["api"]
         ).__aenter__()
@@ -239,7 +253,7 @@ class ServeBenchmark:
     def _body(self, prompt: Prompt, ignore_eos: bool | None = None) -> PreparedRequest:
         v = self.values
         body: dict[str, Any] = {
-            "model": self._handle.target.model if self._handle else "",
+            "model": self.handle.target.model if self.handle and self.handle.target else "",
             "max_tokens": prompt.max_tokens or v["max_tokens"],
             "temperature": v["temperature"],
         }
@@ -309,8 +323,8 @@ class ServeBenchmark:
                 return
 
     async def _run_level(self, spec: LevelSpec) -> LevelSummary:
-        assert self._handle is not None and self._client is not None
-        handle, client = self._handle, self._client
+        assert self.handle is not None and self._client is not None
+        handle, client = self.handle, self._client
         handle.on_status(spec.label)
         self._state = state = LevelState(spec)
         bodies = self._bodies
@@ -324,6 +338,7 @@ class ServeBenchmark:
             handle.artifacts.append_line(REQUESTS_FILE, record)
 
         records = await run_level(spec, send, on_record, state, self._t0)
+        self._records[spec.index] = [r for r in records if r.phase == "measure"]
         summary = LevelSummary(
             index=spec.index,
             label=spec.label,
@@ -341,17 +356,13 @@ class ServeBenchmark:
             self._log("warn", f"{spec.label} stopped early: {state.stopped}")
         return summary
 
-    async def next(self) -> BenchmarkResult:
-        if not self._work.started_yet:
-            self._work.start(self._run_all())
-            self._t0 = self._work.started
-        if not await self._work.wait(0.5):
-            return self._live()
-        return self._final()
+    async def run(self) -> None:
+        self._t0 = self.work.started
+        await self._run_all()
 
-    def _live(self) -> BenchmarkResult:
+    def live(self) -> BenchmarkResult:
         state = self._state
-        elapsed = self._work.elapsed_s
+        elapsed = self.work.elapsed_s
         result = BenchmarkResult(phase=state.spec.label if state else "start", elapsed_s=elapsed)
         if state is None:
             return result
@@ -367,12 +378,12 @@ class ServeBenchmark:
             f"measured {len(state.measured)} · TTFT p50/p90 {_ms(ttft, 50)}/{_ms(ttft, 90)} ms · "
             f"TPOT p50/p90 {_ms(tpots, 50)}/{_ms(tpots, 90)} ms · errors {errors}"
         )
-        result.logs = list(self._logs)
+        result.logs = list(self.logs)
         return result
 
-    def _final(self) -> BenchmarkResult:
+    def final(self) -> BenchmarkResult:
         levels = self._levels.levels
-        elapsed = self._work.elapsed_s
+        elapsed = self.work.elapsed_s
         metrics: dict[str, float | int | None] = {}
         k = self._levels.knee
         if len(levels) == 1:
@@ -409,7 +420,24 @@ class ServeBenchmark:
             summary=summary,
             table=table,
             metrics=metrics,
-            logs=list(self._logs),
+            logs=list(self.logs),
+            measured=self._summary(head, metrics, elapsed),
+        )
+
+    def _summary(
+        self, head: LevelSummary | None, metrics: dict[str, float | int | None], elapsed: float
+    ) -> RunSummary | None:
+        """The run's summary: the reported level's requests (the knee of a sweep)."""
+        if head is None:
+            return None
+        records = self._records.get(head.index, [])
+        return RunSummary(
+            unit="request",
+            records=len(records),
+            errors=sum(1 for r in records if not r.ok),
+            e2e_s=elapsed,
+            metrics=metrics,
+            samples=samples(records, self.slos),
         )
 
     def _final_logs(self, levels: list[LevelSummary]) -> None:
@@ -434,13 +462,12 @@ class ServeBenchmark:
             self._log("info", "no --slo given: goodput equals throughput, the knee is saturation")
 
     def _log(self, level: str, message: str) -> None:
-        self._logs.append(LogLine(level=level, message=message))  # type: ignore[arg-type]
+        self.log(message, level)  # type: ignore[arg-type]
 
-    async def cleanup(self) -> None:
-        await self._work.cancel()
+    async def teardown(self) -> None:
         if self._client is not None:
-            await self._client.__aexit__(None, None, None)
-            self._client = None
+            client, self._client = self._client, None
+            await client.__aexit__(None, None, None)
 
 
 def _ms(values: list[float], q: float) -> str:

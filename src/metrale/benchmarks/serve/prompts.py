@@ -7,7 +7,7 @@ own tokenizer, not counting the chat template (the template's few tokens show in
 `prompt_tokens`). Otherwise the length is **approximate** (one word taken for 1.3 tokens) and the
 result says so (`input_tokens_exact = 0`).
 
-GSM8K questions are read from the data file the gsm8k benchmark ships (a file, not its code).
+GSM8K questions come from the package's shared data sets (`metrale.datasets`).
 A JSONL file has one object a line with `prompt` (a string) or `messages` (a chat list), and
 optionally `max_tokens`.
 """
@@ -19,7 +19,6 @@ import contextlib
 import json
 import random
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -186,10 +185,10 @@ def load_jsonl(path: Path) -> list[Prompt]:
 
 
 def gsm8k_questions() -> list[Prompt]:
-    """The GSM8K test questions, from the data file the gsm8k benchmark ships."""
-    data = resources.files("metrale.benchmarks.gsm8k").joinpath("data/test.jsonl")
-    rows = [json.loads(line) for line in data.read_text(encoding="utf-8").splitlines() if line]
-    return [Prompt([{"role": "user", "content": row["question"]}]) for row in rows]
+    """The GSM8K test questions (`metrale.datasets.gsm8k_test`)."""
+    from metrale.datasets import gsm8k_test
+
+    return [Prompt([{"role": "user", "content": row.question}]) for row in gsm8k_test()]
 
 
 class Tokenizer:

@@ -18,80 +18,26 @@ import time
 from array import array
 from collections.abc import Awaitable, Callable, Container, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any, Protocol, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import BaseModel, Field
-
+from metrale.plugin.metrics import Metric
+from metrale.plugin.results import SUMMARY_STAGES
+from metrale.rollout.records import (
+    ErrorInfo,
+    RolloutContext,
+    RolloutRecord,
+    RolloutTask,
+    Stage,
+    StageTiming,
+)
 from metrale.runtime.base import Runtime
 from metrale.stats import Spread
 
+if TYPE_CHECKING:
+    from metrale.endpoint.client import ChatClient
+
 T = TypeVar("T")
-
-
-class Stage(StrEnum):
-    SETUP = "setup"
-    GENERATION = "generation"
-    SCORING = "scoring"
-
-
-STAGES: tuple[Stage, ...] = (Stage.SETUP, Stage.GENERATION, Stage.SCORING)
-#: The stage columns every summary shows, in order.
-SUMMARY_STAGES: tuple[str, ...] = (*STAGES, "total")
-
-
-class StageTiming(BaseModel):
-    started_at: float = Field(description="wall-clock start, epoch seconds")
-    start_s: float = Field(description="monotonic start, seconds since the run began")
-    end_s: float
-    duration_s: float
-
-
-class Tokens(BaseModel):
-    prompt: int | None = None
-    completion: int | None = None
-    source: str | None = Field(default=None, description="'usage' (server) or 'counted'")
-
-
-class ErrorInfo(BaseModel):
-    type: str
-    message: str
-    stage: str | None = None
-
-
-class RolloutRecord(BaseModel):
-    id: str
-    benchmark: str
-    index: int
-    runtime: str | None = None
-    started_at: float
-    stages: dict[str, StageTiming] = Field(default_factory=dict)
-    total_s: float | None = None
-    reward: float | None = None
-    metrics: dict[str, Any] = Field(default_factory=dict)
-    tokens: Tokens = Field(default_factory=Tokens)
-    turns: int | None = None
-    retries: int = 0
-    runtime_retries: int = 0
-    error: ErrorInfo | None = None
-
-
-class RolloutTask(Protocol):
-    """A benchmark's three stages for one rollout; each may read and write `ctx`."""
-
-    async def setup(self, ctx: RolloutContext) -> None: ...
-
-    async def generate(self, ctx: RolloutContext) -> None: ...
-
-    async def score(self, ctx: RolloutContext) -> None: ...
-
-
-@dataclass
-class RolloutContext:
-    index: int
-    record: RolloutRecord
-    runtime: Runtime | None = None
-    state: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -107,7 +53,8 @@ class RolloutPlan:
     count: int
     make_task: Callable[[int], RolloutTask]
     max_concurrent: int | None = None
-    make_runtime: Callable[[], Runtime] | None = None
+    #: a new, not yet started runtime for rollout `index` (None: rollouts run in-process)
+    make_runtime: Callable[[int], Runtime] | None = None
     runtime_name: str | None = None
     runtime_retries: int = 0
     on_record: Callable[[RolloutRecord], None] = lambda record: None
@@ -115,6 +62,9 @@ class RolloutPlan:
     skip: Container[int] = frozenset()
     #: called once with a line to show the user (a concurrency cap, for example)
     on_warning: Callable[[str], None] = lambda message: None
+    #: handed to every rollout's context
+    client: ChatClient | None = None
+    run_dir: Path | None = None
 
 
 @dataclass
@@ -141,6 +91,10 @@ class Progress:
     )
     keep_records: bool = True
     records: list[RolloutRecord] = field(default_factory=list)
+    #: declared metrics whose per-rollout samples are collected as records arrive (8 bytes a
+    #: value, two for a ratio's pair)
+    metrics: Sequence[Metric] = ()
+    samples: dict[str, array[float]] = field(default_factory=dict)
 
     @property
     def mean_reward(self) -> float | None:
@@ -170,6 +124,24 @@ class Progress:
             self.durations[name].append(timing.duration_s)
         if record.total_s is not None:
             self.durations["total"].append(record.total_s)
+        for metric in self.metrics:
+            x = metric.sample_of(record)
+            if x is None:
+                continue
+            values = self.samples.get(metric.name)
+            if values is None:
+                values = self.samples[metric.name] = array("d")
+            if isinstance(x, tuple):
+                values.extend(x)
+            else:
+                values.append(x)
+
+    def sample(self, metric: Metric) -> list[Any]:
+        """The collected sample of `metric`: floats, or (value, per) pairs for a ratio."""
+        values = self.samples.get(metric.name, array("d"))
+        if metric.stat == "ratio":
+            return list(zip(values[0::2], values[1::2], strict=True))
+        return list(values)
 
     def spreads(self) -> dict[str, Spread]:
         return {name: Spread.of(sorted(values)) for name, values in self.durations.items()}
@@ -284,11 +256,17 @@ async def _run_one(plan: RolloutPlan, index: int, origin: float) -> RolloutRecor
         runtime=plan.runtime_name,
         started_at=time.time(),
     )
-    ctx = RolloutContext(index=index, record=record)
+    ctx = RolloutContext(index=index, record=record, client=plan.client, run_dir=plan.run_dir)
+    if plan.make_runtime is not None:
+        ctx._restart = lambda c: _restart_runtime(plan, c)
     stage = Stage.SETUP
+    task: RolloutTask | None = None
     try:
         task = plan.make_task(index)
         async with _clock(record, Stage.SETUP, origin):
+            before = getattr(task, "before_runtime", None)
+            if before is not None:
+                await before(ctx)
             if plan.make_runtime is not None:
                 ctx.runtime = await _start_runtime(plan, record)
             await task.setup(ctx)
@@ -320,6 +298,15 @@ async def _run_one(plan: RolloutPlan, index: int, origin: float) -> RolloutRecor
             except Exception as exc:  # a failed teardown is the rollout's fault, not the run's
                 if record.error is None:
                     record.error = ErrorInfo(type="runtime_stop", message=str(exc)[:500])
+        after = getattr(task, "teardown", None)
+        if after is not None:
+            try:
+                await finish(after(ctx))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if record.error is None:
+                    record.error = ErrorInfo(type="teardown", message=str(exc)[:500])
         timings = record.stages.values()
         if timings:
             record.total_s = max(t.end_s for t in timings) - min(t.start_s for t in timings)
@@ -332,7 +319,7 @@ async def _start_runtime(plan: RolloutPlan, record: RolloutRecord) -> Runtime:
     assert plan.make_runtime is not None
     attempt = 0
     while True:
-        runtime = plan.make_runtime()
+        runtime = plan.make_runtime(record.index)
         try:
             await runtime.start()
             return runtime
@@ -341,7 +328,16 @@ async def _start_runtime(plan: RolloutPlan, record: RolloutRecord) -> Runtime:
             if not isinstance(exc, Exception) or attempt >= plan.runtime_retries:
                 raise
             attempt += 1
-            record.runtime_retries = attempt
+            record.runtime_retries += 1
+
+
+async def _restart_runtime(plan: RolloutPlan, ctx: RolloutContext) -> Runtime:
+    """Stop the rollout's runtime and start a fresh one in its place (`ctx.restart_runtime`)."""
+    old, ctx.runtime = ctx.runtime, None
+    if old is not None:
+        await finish(old.stop())
+    ctx.runtime = await _start_runtime(plan, ctx.record)
+    return ctx.runtime
 
 
 class _clock:

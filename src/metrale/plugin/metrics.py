@@ -1,0 +1,104 @@
+"""Declared metrics: every number a benchmark reports, declared once with its unit and direction.
+
+A `Metric` is a name, a unit, which direction is better, a statistic and the per-unit value it is
+taken over (a unit is one rollout record, or one request for serve); its `doc` holds the formula.
+The summary of a run keeps, per declared metric, the sample it was computed from, so that
+`compare` can bootstrap the same statistic and `report`, `plot` and budgets read the same number:
+
+- `mean`, `sum`, `max`: the mean, sum or largest of the per-unit values (a rate is the mean of
+  0/1 values);
+- `p50`, `p90`, `p99`: percentiles (linear interpolation, `metrale.stats.percentile`);
+- `ratio`: sum(value) / sum(per) over the units that have both (e.g. seconds per turn), the
+  sample then being (value, per) pairs;
+- `value`: one number for the whole run (e.g. e2e), no sample and so no interval.
+
+Units without a value (None) are left out of the sample. This module does no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from metrale.errors import UsageError
+from metrale.stats import mean, percentile
+
+Stat = Literal["mean", "sum", "max", "p50", "p90", "p99", "ratio", "value"]
+Better = Literal["lower", "higher"]
+#: What one sample is a list of: floats, or (value, per) pairs for a ratio.
+Sample = Sequence[float] | Sequence[tuple[float, float]]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One declared number. `value(unit)` gives the unit's contribution (None: not counted);
+    `per(unit)` the denominator of a ratio. A metric with no `value` has its sample given by
+    the benchmark (serve's batch means). `column` puts it in the report table."""
+
+    name: str
+    unit: str
+    better: Better | None
+    doc: str
+    stat: Stat = "mean"
+    value: Callable[[Any], float | None] | None = None
+    per: Callable[[Any], float | None] | None = None
+    column: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.stat == "ratio") != (self.per is not None):
+            raise ValueError(f"metric {self.name}: a ratio needs `per`, and only a ratio has it")
+        if self.stat == "value" and self.value is not None:
+            raise ValueError(f"metric {self.name}: a whole-run value has no per-unit `value`")
+
+    @property
+    def lower_is_better(self) -> bool:
+        return self.better == "lower"
+
+    def sample_of(self, unit: Any) -> float | tuple[float, float] | None:
+        """This unit's entry in the sample, or None when it has none."""
+        if self.value is None:
+            return None
+        x = self.value(unit)
+        if x is None:
+            return None
+        if self.per is None:
+            return float(x)
+        d = self.per(unit)
+        return None if d is None else (float(x), float(d))
+
+    def compute(self, sample: Sample) -> float | None:
+        """The statistic over `sample`; None when it is empty (or a ratio's denominator is 0)."""
+        return compute(self.stat, sample)
+
+
+def compute(stat: Stat, sample: Sample) -> float | None:
+    if stat == "value":
+        return None
+    if not sample:
+        return None
+    if stat == "ratio":
+        den = sum(p[1] for p in sample)  # type: ignore[index]
+        return sum(p[0] for p in sample) / den if den else None  # type: ignore[index]
+    values: Sequence[float] = sample  # type: ignore[assignment]
+    if stat == "mean":
+        return mean(values)
+    if stat == "sum":
+        return float(sum(values))
+    if stat == "max":
+        return float(max(values))
+    q = {"p50": 50.0, "p90": 90.0, "p99": 99.0}[stat]
+    return percentile(sorted(values), q)
+
+
+def metric_names(metrics: Iterable[Metric]) -> list[str]:
+    return [m.name for m in metrics]
+
+
+def find_metric(metrics: Sequence[Metric], name: str, *, what: str, benchmark: str) -> Metric:
+    """The declared metric `name`, or a UsageError that lists every declared one."""
+    for m in metrics:
+        if m.name == name:
+            return m
+    accepted = ", ".join(m.name for m in metrics) or "(none)"
+    raise UsageError(f"{what} {name!r}: {benchmark} declares no such metric; accepted: {accepted}")

@@ -1,0 +1,167 @@
+"""What a benchmark reports: live snapshots, the final result, its one summary, the verdict.
+
+`RunSummary` is the one result summary of a run: the runner writes it in result.json, a matrix
+cell file embeds it, and report, compare, plot and budgets read it (with the benchmark's
+declared metrics, `plugin.metrics`) and nothing else.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from metrale.errors import UsageError
+from metrale.stats import Spread
+
+#: The per-rollout stage columns every rollout summary shows, in order (`total` last).
+SUMMARY_STAGES: tuple[str, ...] = ("setup", "generation", "scoring", "total")
+
+
+def _num_text(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+class Status(StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class LogLine(BaseModel):
+    level: Literal["info", "warn", "error"] = "info"
+    message: str
+    time: float = Field(default_factory=time.time)
+
+
+class Check(BaseModel):
+    """One bound checked for the verdict: `metric` must be `op` `limit`."""
+
+    metric: str
+    op: Literal[">=", "<="]
+    limit: float
+    value: float | None
+    passed: bool
+    reason: str = ""
+
+
+class Verdict(BaseModel):
+    """Pass/fail with every bound that was checked; `passed` is None when nothing was bounded."""
+
+    checks: list[Check] = Field(default_factory=list)
+
+    @property
+    def passed(self) -> bool | None:
+        if not self.checks:
+            return None
+        return all(c.passed for c in self.checks)
+
+    def merged(self, other: Verdict) -> Verdict:
+        return Verdict(checks=[*self.checks, *other.checks])
+
+    def lines(self) -> list[str]:
+        return [
+            f"{'PASS' if c.passed else 'FAIL'} {c.metric} = {_value_text(c.value)} "
+            f"(must be {c.op} {_num_text(c.limit)})" + (f": {c.reason}" if c.reason else "")
+            for c in self.checks
+        ]
+
+
+def _value_text(value: float | None) -> str:
+    return "absent" if value is None else f"{value:.4g}"
+
+
+class Table(BaseModel):
+    columns: list[str] = Field(default_factory=list)
+    rows: list[list[Any]] = Field(default_factory=list)
+
+
+class RunSummary(BaseModel):
+    """What a run measured, in one shape for every benchmark.
+
+    - `unit`: what one sample is: `rollout` (a rollout record) or `request` (serve).
+    - `records`: finished units; `errors`: those that failed.
+    - `e2e_s`: the wall clock of the run's work: first rollout (or request) started to last one
+      ended, as the benchmark's phase clock reads it. Load, warm-up and the target's start are
+      not in it. The same number in `run`, in `matrix` progress and in `report`.
+    - `reward_mean`: mean over units that have a reward; `rewards` their sorted rewards.
+    - `durations`: sorted per-rollout seconds of each stage and of total (rollout benchmarks).
+    - `metrics`: the value of every declared metric, and a benchmark's extra counters.
+    - `samples`: per declared metric (not stages: those are `durations`), the values its
+      statistic was taken over; a ratio's are [value, per] pairs.
+    """
+
+    unit: Literal["rollout", "request"] = "rollout"
+    records: int = Field(default=0, description="finished units (rollouts or requests)")
+    errors: int = 0
+    e2e_s: float | None = None
+    reward_mean: float | None = None
+    rewards: list[float] = Field(default_factory=list, description="sorted per-unit rewards")
+    durations: dict[str, list[float]] = Field(
+        default_factory=lambda: {s: [] for s in SUMMARY_STAGES}
+    )
+    metrics: dict[str, float | int | None] = Field(default_factory=dict)
+    samples: dict[str, list[Any]] = Field(default_factory=dict)
+
+    def stage(self, name: str) -> list[float]:
+        return self.durations.get(name, [])
+
+    def sample(self, name: str) -> list[Any]:
+        """The sample behind metric `name`: a stage's durations, or a declared metric's values
+        (pairs as tuples for a ratio)."""
+        if name in self.durations:
+            return self.durations[name]
+        return [tuple(x) if isinstance(x, list) else x for x in self.samples.get(name, [])]
+
+
+class BenchmarkResult(BaseModel):
+    """A snapshot of a benchmark's state, returned by every `next()`; the last one is final."""
+
+    status: Status = Status.RUNNING
+    phase: str = ""
+    elapsed_s: float = 0.0
+    done: int = 0
+    total: int | None = None
+    summary: str = ""
+    table: Table = Field(default_factory=Table)
+    metrics: dict[str, float | int | None] = Field(default_factory=dict)
+    stages: dict[str, Spread] = Field(default_factory=dict)
+    verdict: Verdict = Field(default_factory=Verdict)
+    logs: list[LogLine] = Field(default_factory=list)
+    error: str | None = None
+    #: the run's one summary, on the final snapshot (None while running, or when nothing ran)
+    measured: RunSummary | None = None
+
+
+class Descriptor(BaseModel):
+    id: str
+    name: str
+    summary: str
+
+
+def check_bounds(metrics: Mapping[str, float | int | None], bounds: Mapping[str, float]) -> Verdict:
+    """Turn `<metric>_min` / `<metric>_max` bounds into checks against `metrics`.
+
+    A bounded metric that is absent fails its check: a budget on a number that was never
+    measured is not met.
+    """
+    checks: list[Check] = []
+    for key, limit in bounds.items():
+        if key.endswith("_min"):
+            metric, op = key[: -len("_min")], ">="
+        elif key.endswith("_max"):
+            metric, op = key[: -len("_max")], "<="
+        else:
+            raise UsageError(f"budget {key!r} must end in _min or _max (e.g. reward_min = 0.9)")
+        value = metrics.get(metric)
+        if value is None:
+            checks.append(
+                Check(metric=metric, op=op, limit=limit, value=None, passed=False, reason="absent")
+            )
+            continue
+        ok = value >= limit if op == ">=" else value <= limit
+        checks.append(Check(metric=metric, op=op, limit=limit, value=float(value), passed=ok))
+    return Verdict(checks=checks)

@@ -1,0 +1,63 @@
+"""The `rollout` layer: the engine under every rollout benchmark.
+
+- `records`: a rollout's record and the context its stages share;
+- `pool`: run N rollouts under a concurrency bound, clock their stages, record each one;
+- `lifecycle`: `BenchmarkBase`, the load / next / cleanup shape every benchmark shares;
+- `driver`: `RolloutBenchmark`, what a rollout benchmark subclasses;
+- `summary`: the standard metrics and the run's one summary.
+"""
+
+from metrale.plugin.results import SUMMARY_STAGES
+from metrale.rollout.driver import RolloutBenchmark, bound_check
+from metrale.rollout.lifecycle import BackgroundRun, BenchmarkBase
+from metrale.rollout.pool import (
+    FD_RESERVE,
+    FDS_PER_ROLLOUT,
+    FDS_PER_SANDBOXED_ROLLOUT,
+    Progress,
+    RolloutPlan,
+    fd_concurrency_cap,
+    finish,
+    run_rollouts,
+    stage_durations,
+)
+from metrale.rollout.records import (
+    STAGES,
+    ErrorInfo,
+    RolloutContext,
+    RolloutRecord,
+    RolloutTask,
+    Stage,
+    StageTiming,
+    Tokens,
+)
+from metrale.rollout.summary import ROLLOUT_METRICS, STAGE_METRICS, build_summary, summarize_records
+
+__all__ = [
+    "FDS_PER_ROLLOUT",
+    "FDS_PER_SANDBOXED_ROLLOUT",
+    "FD_RESERVE",
+    "ROLLOUT_METRICS",
+    "STAGES",
+    "STAGE_METRICS",
+    "SUMMARY_STAGES",
+    "BackgroundRun",
+    "BenchmarkBase",
+    "ErrorInfo",
+    "Progress",
+    "RolloutBenchmark",
+    "RolloutContext",
+    "RolloutPlan",
+    "RolloutRecord",
+    "RolloutTask",
+    "Stage",
+    "StageTiming",
+    "Tokens",
+    "bound_check",
+    "build_summary",
+    "fd_concurrency_cap",
+    "finish",
+    "run_rollouts",
+    "stage_durations",
+    "summarize_records",
+]

@@ -1,0 +1,270 @@
+"""The rollout driver: the one engine under every rollout benchmark.
+
+A rollout benchmark subclasses `RolloutBenchmark` and supplies only what is its own:
+
+- `make_task(index)`: the rollout's `setup`, `generate` and `score` (see `records.RolloutTask`);
+- `extra_parameters()` and `extra_axes`: its parameters beyond the standard two;
+- `task_metrics()`: its declared metrics, computed from the records (`plugin.Metric`);
+- `verdict(summary)`: its verdict rules; and optionally `prepare()` (once-per-run work),
+  `runtime_for(config, index)` (per-rollout runtime config), `on_rollout(record)` (a log line).
+
+The driver owns the rest: the standard parameters `rollouts` and `max_concurrent` (none =
+unbounded), the lifecycle (`BenchmarkBase`), the chat client, the runtime (the runtime this
+benchmark accepts, checked once on this machine, started per rollout with `--retries-runtime`
+and `--runtime-rate`, stopped on every path), the records (`rollouts.jsonl`, resumable), the
+standard metrics (`summary.ROLLOUT_METRICS`) and the run's `RunSummary`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, ClassVar
+
+from metrale.errors import UsageError
+from metrale.plugin import (
+    SUMMARY_STAGES,
+    BenchmarkResult,
+    Check,
+    Metric,
+    ParamSpec,
+    PluginHandle,
+    RunSummary,
+    Status,
+    Table,
+    Verdict,
+)
+from metrale.rollout.lifecycle import BenchmarkBase
+from metrale.rollout.pool import Progress, RolloutPlan, run_rollouts
+from metrale.rollout.records import RolloutRecord, RolloutTask
+from metrale.rollout.summary import ROLLOUT_METRICS, build_summary, sampled
+from metrale.stats import Spread
+
+if TYPE_CHECKING:
+    from metrale.runtime.base import RuntimeConfig
+
+STANDARD_AXES: tuple[str, ...] = ("rollouts", "max_concurrent")
+
+
+class RolloutBenchmark(BenchmarkBase):
+    """Base class of every rollout benchmark (see the module docstring)."""
+
+    default_rollouts: ClassVar[int] = 64
+    max_rollouts: ClassVar[int] = 1_000_000
+    #: the runtimes this benchmark can run in (None: any); a runtime outside it is refused
+    runtimes: ClassVar[tuple[str, ...] | None] = None
+    #: the runtime used when the user gives none (None: rollouts run in metrale's process)
+    default_runtime: ClassVar[str | None] = None
+    #: why `runtimes` is what it is, said when a runtime is refused
+    runtime_reason: ClassVar[str] = ""
+    #: its own parameters that a sweep may vary, beyond rollouts and max_concurrent
+    extra_axes: ClassVar[tuple[str, ...]] = ()
+    #: `metrale run --resume` may finish one of its run directories
+    resumable: ClassVar[bool] = True
+    #: keep every record in memory (`self.progress.records`): for few, large rollouts that the
+    #: benchmark reports on one by one; memory is otherwise O(concurrency)
+    keep_records: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.progress = Progress(keep_records=False)
+
+    # ------------------------------------------------------------------ declarations
+
+    def extra_parameters(self) -> list[ParamSpec]:
+        return []
+
+    def parameters(self) -> list[ParamSpec]:
+        return [
+            ParamSpec(name="rollouts", type="int", default=self.default_rollouts, min=1,
+                      max=self.max_rollouts, help="number of rollouts"),
+            ParamSpec(name="max_concurrent", type="int", default=None, min=1, nullable=True,
+                      help="rollouts in flight at once; none = unbounded"),
+            *self.extra_parameters(),
+        ]  # fmt: skip
+
+    def sweep_axes(self) -> list[str]:
+        return [*STANDARD_AXES, *self.extra_axes]
+
+    def task_metrics(self) -> list[Metric]:
+        return []
+
+    def metrics(self) -> list[Metric]:
+        return [*ROLLOUT_METRICS, *self.task_metrics()]
+
+    def runtime_choice(self, runtime: RuntimeConfig | None) -> RuntimeConfig | None:
+        name = runtime.type if runtime is not None else None
+        if name is None and self.default_runtime is None:
+            return None
+        if name is None:
+            from metrale.runtime.configs import runtime_config
+
+            return runtime_config(str(self.default_runtime))
+        if self.runtimes is not None and name not in self.runtimes:
+            why = f" ({self.runtime_reason})" if self.runtime_reason else ""
+            raise UsageError(
+                f"{self.descriptor.id} cannot run in the {name} runtime{why}; "
+                f"accepted: {', '.join(self.runtimes)}"
+            )
+        return runtime
+
+    def accepts_no_runtime(self) -> bool:
+        """`--runtime none` (in-process rollouts) is a valid choice for this benchmark."""
+        return self.default_runtime is None
+
+    # ------------------------------------------------------------------ what a benchmark writes
+
+    def make_task(self, index: int) -> RolloutTask:
+        raise NotImplementedError
+
+    def runtime_for(self, config: RuntimeConfig, index: int) -> RuntimeConfig:
+        """The runtime config of rollout `index` (default: the run's)."""
+        return config
+
+    def on_rollout(self, record: RolloutRecord) -> None:
+        """Called as each rollout ends, before its record is written."""
+
+    def verdict(self, summary: RunSummary) -> Verdict:
+        return Verdict()
+
+    def summary_text(self, summary: RunSummary) -> str:
+        """The one-line summary of a finished run."""
+        reward = summary.reward_mean
+        return (
+            f"{summary.records} rollouts, {summary.errors} errors, reward "
+            f"{'-' if reward is None else f'{reward:.3f}'}, e2e {summary.e2e_s or 0:.2f} s"
+        )
+
+    # ------------------------------------------------------------------ the engine
+
+    async def load(self, handle: PluginHandle) -> None:
+        self.handle = handle
+        handle.on_status("load")
+        if handle.runtime is not None:
+            from metrale.runtime.configs import check_runtime
+
+            # no sandbox here at all: a usage error, before work (probing may block: a thread)
+            await asyncio.to_thread(check_runtime, handle.runtime)
+        self.progress = Progress(keep_records=self.keep_records, metrics=sampled(self.metrics()))
+        if handle.resume is not None:
+            for row in handle.resume.records():
+                if row.get("index") in handle.resume.indices:
+                    self.progress.add(RolloutRecord.model_validate(row))
+        await super().load(handle)
+
+    def plan(self) -> RolloutPlan:
+        assert self.handle is not None
+        handle = self.handle
+        make_runtime = None
+        if handle.runtime is not None:
+            from metrale.runtime.configs import runtime_factory
+
+            adjust = (
+                None
+                if type(self).runtime_for is RolloutBenchmark.runtime_for
+                else (self.runtime_for)
+            )
+            make_runtime = runtime_factory(handle.runtime, adjust)
+
+        def on_record(record: RolloutRecord) -> None:
+            self.on_rollout(record)
+            handle.artifacts.append_record(record)
+            handle.on_progress(self.progress.done, self.values["rollouts"])
+
+        return RolloutPlan(
+            benchmark=self.descriptor.id,
+            count=self.values["rollouts"],
+            max_concurrent=self.values["max_concurrent"],
+            make_task=self.make_task,
+            make_runtime=make_runtime,
+            runtime_name=handle.runtime.type if handle.runtime is not None else None,
+            runtime_retries=handle.runtime_retries,
+            on_record=on_record,
+            run_id=handle.artifacts.run_dir.name,
+            skip=handle.resume.indices if handle.resume is not None else frozenset(),
+            on_warning=lambda message: self.log(message, "warn"),
+            client=self.client,
+            run_dir=handle.artifacts.run_dir,
+        )
+
+    async def run(self) -> None:
+        assert self.handle is not None
+        self.handle.on_status("rollouts")
+        await run_rollouts(self.plan(), self.progress)
+
+    def live(self) -> BenchmarkResult:
+        p = self.progress
+        total = self.values["rollouts"]
+        reward = "-" if p.mean_reward is None else f"{p.mean_reward:.3f}"
+        return BenchmarkResult(
+            status=Status.RUNNING,
+            phase="rollouts",
+            elapsed_s=self.work.elapsed_s,
+            done=p.done,
+            total=total,
+            summary=f"{p.done}/{total} rollouts · {p.errors} errors · reward {reward}",
+            logs=list(self.logs),
+        )
+
+    def final(self) -> BenchmarkResult:
+        p = self.progress
+        summary = build_summary(p, self.metrics(), self.work.elapsed_s)
+        summary.metrics.update(self.counters())
+        if p.error_kinds:
+            kinds = ", ".join(f"{k} x{v}" for k, v in sorted(p.error_kinds.items()))
+            self.log(f"failed rollouts: {kinds}", "warn")
+        stages = {s: Spread.of(summary.stage(s)) for s in SUMMARY_STAGES}
+        result = BenchmarkResult(
+            status=Status.COMPLETED,
+            phase="done",
+            elapsed_s=self.work.elapsed_s,
+            done=p.done,
+            total=self.values["rollouts"],
+            summary=self.summary_text(summary),
+            table=self.table(summary, stages),
+            metrics=summary.metrics,
+            stages=stages,
+            verdict=self.verdict(summary),
+            logs=list(self.logs),
+            measured=summary,
+        )
+        if p.done == 0:
+            result.status, result.error = Status.FAILED, "no rollout ran"
+        return result
+
+    def table(self, summary: RunSummary, stages: dict[str, Spread]) -> Table:
+        """The run's table: e2e, errors, reward, the stages, and each declared column."""
+        extra = [m for m in self.task_metrics() if m.column]
+        reward = summary.reward_mean
+        return Table(
+            columns=["e2e", "err", "rew", *SUMMARY_STAGES, *(m.name for m in extra)],
+            rows=[[
+                f"{summary.e2e_s or 0:.2f}",
+                summary.errors,
+                "-" if reward is None else f"{reward:.3f}",
+                *(stages[s].cell() for s in SUMMARY_STAGES),
+                *(_value(summary.metrics.get(m.name)) for m in extra),
+            ]],
+        )  # fmt: skip
+
+    def counters(self) -> dict[str, float | int | None]:
+        """Run-level counts beside the declared metrics (not compared, not budgeted)."""
+        p = self.progress
+        return {
+            "rollouts": p.done,
+            "runtime_retries": p.runtime_retries,
+            "prompt_tokens": p.prompt_tokens,
+            "completion_tokens": p.completion_tokens,
+            "tokens_counted": 1 if "counted" in p.token_sources else 0,
+        }
+
+
+def _value(x: float | int | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def bound_check(metric: str, value: float | None, limit: float, op: str = "<=") -> Check:
+    """One verdict check of a benchmark's own budget parameter; an absent value fails."""
+    if value is None:
+        return Check(metric=metric, op=op, limit=limit, value=None, passed=False, reason="absent")  # type: ignore[arg-type]
+    passed = value <= limit if op == "<=" else value >= limit
+    return Check(metric=metric, op=op, limit=limit, value=value, passed=passed)  # type: ignore[arg-type]

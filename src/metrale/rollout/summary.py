@@ -1,0 +1,112 @@
+"""The metrics every rollout benchmark reports, declared once, and the run's one summary.
+
+Stage metrics are the p50 of the per-rollout durations (`setup`, `generation`, `scoring`,
+`total`; see `pool` for what each stage covers); their samples are the summary's `durations`.
+A benchmark's own metrics (`RolloutBenchmark.task_metrics`) are collected the same way, from
+each record as it arrives, so memory stays 8 bytes a value and no record is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from metrale.plugin import SUMMARY_STAGES, Metric, RunSummary
+from metrale.rollout.pool import Progress
+from metrale.rollout.records import RolloutRecord
+
+
+def _stage(name: str) -> Metric:
+    def duration(r: RolloutRecord) -> float | None:
+        if name == "total":
+            return r.total_s
+        timing = r.stages.get(name)
+        return None if timing is None else timing.duration_s
+
+    return Metric(
+        name=name,
+        unit="s",
+        better="lower",
+        stat="p50",
+        value=duration,
+        doc=f"p50 over rollouts of the {name} stage's duration (a failed stage counts "
+        "until it failed)",
+    )
+
+
+STAGE_METRICS: tuple[Metric, ...] = tuple(_stage(s) for s in SUMMARY_STAGES)
+
+ROLLOUT_METRICS: tuple[Metric, ...] = (
+    *STAGE_METRICS,
+    Metric(
+        "reward_mean", "reward", "higher", stat="mean", value=lambda r: r.reward,
+        doc="mean of `reward` over the rollouts that have one (a failed rollout has none)",
+    ),
+    Metric(
+        "error_rate", "fraction", "lower", stat="mean",
+        value=lambda r: 0.0 if r.error is None else 1.0,
+        doc="rollouts with an error / finished rollouts",
+    ),
+    Metric(
+        "errors", "rollouts", "lower", stat="sum",
+        value=lambda r: 0.0 if r.error is None else 1.0,
+        doc="number of finished rollouts with an error",
+    ),
+    Metric(
+        "retries", "calls", "lower", stat="sum", value=lambda r: float(r.retries),
+        doc="sum over rollouts of chat-call retries (connection errors, 429, 5xx)",
+    ),
+    Metric(
+        "e2e_s", "s", "lower", stat="value",
+        doc="wall clock of the rollouts phase: first rollout started to last one ended",
+    ),
+)  # fmt: skip
+
+
+def sampled(metrics: Iterable[Metric]) -> list[Metric]:
+    """The metrics whose samples `Progress` collects: not stages (those are durations), not
+    whole-run values."""
+    stages = set(SUMMARY_STAGES)
+    return [m for m in metrics if m.name not in stages and m.value is not None]
+
+
+def build_summary(progress: Progress, metrics: Sequence[Metric], e2e_s: float | None) -> RunSummary:
+    """The run's summary from what `progress` collected; `e2e_s` is the rollouts phase."""
+    durations = {name: sorted(values) for name, values in progress.durations.items()}
+    samples = {m.name: progress.sample(m) for m in sampled(metrics)}
+    values: dict[str, float | int | None] = {}
+    for m in metrics:
+        if m.name in durations:
+            values[m.name] = m.compute(durations[m.name])
+        elif m.name == "e2e_s":
+            values[m.name] = e2e_s
+        elif m.name in samples:
+            x = m.compute(samples[m.name])
+            # a count reads as one: 3, not 3.0
+            values[m.name] = (
+                int(x) if m.stat in ("sum", "max") and x is not None and x.is_integer() else x
+            )
+    rewards = sorted(progress.samples.get("reward_mean", ()))
+    return RunSummary(
+        unit="rollout",
+        records=progress.done,
+        errors=progress.errors,
+        e2e_s=e2e_s,
+        reward_mean=sum(rewards) / len(rewards) if rewards else None,
+        rewards=rewards,
+        durations=durations,
+        metrics=values,
+        samples={
+            k: [list(x) if isinstance(x, tuple) else x for x in v] for k, v in samples.items()
+        },
+    )
+
+
+def summarize_records(
+    records: Iterable[RolloutRecord], metrics: Sequence[Metric], e2e_s: float | None = None
+) -> RunSummary:
+    """The same summary from records read back (a run directory whose result was never
+    written: a crashed cell)."""
+    progress = Progress(keep_records=False, metrics=sampled(metrics))
+    for record in records:
+        progress.add(record)
+    return build_summary(progress, metrics, e2e_s)
