@@ -127,13 +127,13 @@ def test_url_normalization() -> None:
 
 
 def test_done_without_finish_reason_is_an_incomplete_stream() -> None:
-    from metrale.endpoint.client import _StreamState
+    from metrale.endpoint.stream import CallFailed, StreamParser
 
-    state = _StreamState(record_chunks=False)
-    state.feed(b'data: {"choices": [{"delta": {"role": "assistant"}}]}', 0.1)
-    state.feed(b"data: [DONE]", 0.2)
-    with pytest.raises(EndpointError) as info:
-        state.finish({})
+    parser = StreamParser()
+    parser.feed(b'data: {"choices": [{"delta": {"role": "assistant"}}]}', 0.1)
+    parser.feed(b"data: [DONE]", 0.2)
+    with pytest.raises(CallFailed) as info:
+        parser.finish(200)
     assert info.value.kind == "incomplete_stream"
 
 

@@ -102,6 +102,77 @@ def test_chunked_body_arrives_in_pieces_without_framing() -> None:
     run(go())
 
 
+def test_a_body_read_in_two_goes_continues_where_it_stopped() -> None:
+    """The stream parser stops at [DONE] and drains the rest later: one body iterator."""
+
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for piece in (b"first", b"second", b"third"):
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async def go():
+        async with pool_for(handler) as (pool, _):
+            resp = await pool.post("/x", b"")
+            async for piece in resp.iter_chunks():
+                assert piece == b"first"
+                break
+            rest = [p async for p in resp.iter_chunks()]
+            assert b"".join(rest) == b"secondthird"
+            resp.release()
+            assert len(pool._idle) == 1  # read whole, in two goes: reusable
+
+    run(go())
+
+
+def test_a_path_from_the_origin_root_skips_the_base_path() -> None:
+    seen: list[bytes] = []
+
+    async def handler(reader, writer):
+        while True:
+            head, _ = await read_request(reader)
+            seen.append(head.split(b"\r\n", 1)[0])
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+            await writer.drain()
+
+    async def go():
+        async with pool_for(handler, "/openai/v1") as (pool, conns):
+            for path, under in (("/chat/completions", True), ("/tokenize", False)):
+                resp = await pool.post(path, b"{}", under_base=under)
+                assert await resp.read() == b"{}"
+                resp.release()
+            assert len(conns) == 1
+
+    run(go())
+    assert seen == [b"POST /openai/v1/chat/completions HTTP/1.1", b"POST /tokenize HTTP/1.1"]
+
+
+def test_a_get_sends_no_body_and_shares_the_connections() -> None:
+    heads: list[bytes] = []
+
+    async def handler(reader, writer):
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            heads.append(head)
+            writer.write(b'HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n{"a"')
+            await writer.drain()
+
+    async def go():
+        async with pool_for(handler, "/v1") as (pool, conns):
+            for _ in range(2):
+                resp = await pool.get("/models")
+                assert resp.status == 200 and await resp.read() == b'{"a"'
+                resp.release()
+            assert len(conns) == 1
+
+    run(go())
+    assert heads[0].startswith(b"GET /v1/models HTTP/1.1\r\n")
+    assert b"content-length" not in heads[0].lower()
+
+
 def test_body_until_close_is_not_reused() -> None:
     async def handler(reader, writer):
         await read_request(reader)

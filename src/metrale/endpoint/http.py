@@ -5,7 +5,10 @@ cookie and header objects, tracing hooks) cost ~0.27 ms of CPU per call on a 2-c
 half of metrale's whole per-rollout budget, and it shows as time to first token. This client
 does only what an OpenAI-compatible endpoint needs: keep-alive connections in a pool per
 host, `Content-Length`, chunked and read-to-close bodies, TLS for https, one deadline per
-request. Probes and other one-off calls still use aiohttp.
+request. Every call metrale makes to a target goes through it: the chat client of rollouts
+and serve's load client (`endpoint.stream.exchange`), serve's `/tokenize` calls, the probe's
+`GET /models` and the local launcher's readiness poll. (aiohttp remains for the simulator's
+server.)
 """
 
 from __future__ import annotations
@@ -23,7 +26,13 @@ MAX_HEADERS = 256
 
 
 class HttpConnectionError(Exception):
-    """The connection failed or closed before the response was complete (worth a retry)."""
+    """The connection failed or closed before the response was complete (worth a retry).
+    `os_error` is the socket's error when connecting failed (refused, DNS, TLS), for callers
+    that name the cause to a user."""
+
+    def __init__(self, message: str, os_error: OSError | None = None) -> None:
+        super().__init__(message)
+        self.os_error = os_error
 
 
 class HttpProtocolError(Exception):
@@ -43,15 +52,25 @@ class Response:
     _conn: _Connection = field(repr=False)
     _pool: ConnectionPool = field(repr=False)
     _done: bool = False
+    _body: AsyncIterator[bytes] | None = field(default=None, repr=False)
 
     @property
     def content_type(self) -> str:
         return self.headers.get("content-type", "").split(";", 1)[0].strip().lower()
 
-    async def iter_chunks(self, max_bytes: int | None = None) -> AsyncIterator[bytes]:
+    def iter_chunks(self, max_bytes: int | None = None) -> AsyncIterator[bytes]:
         """The body in the pieces the socket delivers (chunked framing removed). Past
         `max_bytes` of body it raises `HttpProtocolError("response_too_large")` and the
-        connection is not reused: an endless or huge body costs at most that much memory."""
+        connection is not reused: an endless or huge body costs at most that much memory.
+
+        The body is one iterator: a later call (to drain what a caller stopped reading) goes on
+        where the last one stopped, with the first call's cap.
+        """
+        if self._body is None:
+            self._body = self._chunks(max_bytes)
+        return self._body
+
+    async def _chunks(self, max_bytes: int | None) -> AsyncIterator[bytes]:
         reader = self._conn.reader
         seen = 0
         try:
@@ -78,6 +97,14 @@ class Response:
 
     async def read(self, max_bytes: int | None = None) -> bytes:
         return b"".join([piece async for piece in self.iter_chunks(max_bytes)])
+
+    async def error_text(self, keep: int) -> str:
+        """The start of an error response's body; a huge or broken one is not read to its end."""
+        try:
+            body = await self.read(64 * 1024)
+        except (HttpProtocolError, HttpConnectionError):
+            return "(body unreadable)"
+        return body[:keep].decode(errors="replace").replace("\n", " ")
 
     def release(self) -> None:
         """Give the connection back when the body was read whole, else close it."""
@@ -185,25 +212,53 @@ class ConnectionPool:
                 limit=1 << 20,
             )
         except OSError as exc:
-            raise HttpConnectionError(f"cannot connect to {self.host}:{self.port}: {exc}") from None
+            raise HttpConnectionError(
+                f"cannot connect to {self.host}:{self.port}: {exc}", exc
+            ) from None
         return _Connection(reader, writer)
 
     def put(self, conn: _Connection) -> None:
         self._idle.append(conn)
 
+    async def get(self, path: str, *, under_base: bool = True) -> Response:
+        """One GET (`/models`, a health poll); the same connections and rules as `post`."""
+        return await self.request("GET", path, None, under_base=under_base)
+
     async def post(
-        self, path: str, body: bytes, headers: Mapping[str, str] | None = None
+        self,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str] | None = None,
+        *,
+        under_base: bool = True,
     ) -> Response:
-        """Send one POST and read the status line and headers; the body is the caller's to read.
+        """Send one POST and read the status line and headers; the body is the caller's to read."""
+        return await self.request("POST", path, body, headers, under_base=under_base)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        headers: Mapping[str, str] | None = None,
+        *,
+        under_base: bool = True,
+    ) -> Response:
+        """Send one request and read the status line and headers; the body is the caller's.
+
+        `path` is below the base URL's path (`/chat/completions` under `/v1`), or, with
+        `under_base=False`, from the origin's root (`/tokenize`, which servers put beside `/v1`).
 
         A reused keep-alive connection that the server closed meanwhile fails before any byte of
         a response arrives; that one attempt is repeated once on a fresh connection.
         """
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        length = "" if body is None else f"Content-Length: {len(body)}\r\n"
         head = (
-            f"POST {self.path_prefix}{path} HTTP/1.1\r\n{self._head}{extra}"
-            f"Content-Length: {len(body)}\r\n\r\n"
+            f"{method} {self.path_prefix if under_base else ''}{path} HTTP/1.1\r\n"
+            f"{self._head}{extra}{length}\r\n"
         ).encode("latin-1")
+        body = body or b""
         while self._idle:
             conn = self._idle.pop()
             try:

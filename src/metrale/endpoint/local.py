@@ -19,8 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import aiohttp
-
+from metrale.endpoint.http import ConnectionPool, HttpConnectionError, HttpProtocolError
 from metrale.errors import RunError, UsageError
 from metrale.net import free_port
 
@@ -118,7 +117,8 @@ class LocalLlamaServer:
 
     async def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+        pool = ConnectionPool(self.base_url)
+        try:
             while time.monotonic() < deadline:
                 assert self._proc is not None
                 if self._proc.poll() is not None:
@@ -126,11 +126,11 @@ class LocalLlamaServer:
                         f"the embedded llama.cpp server exited with code {self._proc.returncode}: "
                         + self._tail()
                     )
-                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                    async with session.get(self.base_url + "/models") as resp:
-                        if resp.status == 200:
-                            return
+                if await _answers(pool):
+                    return
                 await asyncio.sleep(0.2)
+        finally:
+            await pool.close()
         raise RunError(
             f"the embedded llama.cpp server did not answer within {self.start_timeout_s:g} s"
         )
@@ -159,3 +159,17 @@ class LocalLlamaServer:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+async def _answers(pool: ConnectionPool) -> bool:
+    """True when `GET /models` answers 200 within 2 s (the server is up and has its model)."""
+    try:
+        async with asyncio.timeout(2):
+            resp = await pool.get("/models")
+            try:
+                await resp.read(1 << 20)
+            finally:
+                resp.release()
+    except (HttpConnectionError, HttpProtocolError, TimeoutError):
+        return False
+    return resp.status == 200

@@ -8,17 +8,21 @@ failure, since a tiny model may well get it wrong.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
+import ssl
 from urllib.parse import urlsplit
 
-import aiohttp
 from pydantic import BaseModel
 
 from metrale.endpoint.client import ChatClient, ClientOptions, EndpointError, Target
+from metrale.endpoint.http import ConnectionPool, HttpConnectionError, HttpProtocolError
 from metrale.errors import UsageError
 
 ACCEPTED = "an OpenAI-compatible base URL such as http://127.0.0.1:8000/v1"
+#: A model list is small; a server that sends more than this is not the one we want.
+MAX_MODELS_BYTES = 4 * 1024 * 1024
 
 
 class ProbeResult(BaseModel):
@@ -49,33 +53,28 @@ async def probe(
     if parts.scheme not in {"http", "https"} or not parts.hostname:
         raise UsageError(f"target {url!r} is not an http(s) URL; accepted: {ACCEPTED}")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    pool = ConnectionPool(base, headers)
     try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
-            session.get(base + "/models", headers=headers) as resp,
-        ):
-            status = resp.status
-            text = await resp.text()
-    except aiohttp.ClientConnectorDNSError:
-        raise UsageError(f"cannot resolve host {parts.hostname!r} of target {url}") from None
-    except aiohttp.ClientConnectorError as exc:
-        if isinstance(exc.os_error, socket.gaierror):
-            raise UsageError(f"cannot resolve host {parts.hostname!r} of target {url}") from None
-        reason = (
-            "connection refused"
-            if isinstance(exc.os_error, ConnectionRefusedError)
-            else exc.os_error.strerror or str(exc)
-        )
-        raise UsageError(
-            f"cannot connect to target {url}: {reason} "
-            "(is the server running? pass --target with a reachable URL)"
-        ) from None
+        async with asyncio.timeout(timeout_s):
+            resp = await pool.get("/models")
+            try:
+                status = resp.status
+                text = (await resp.read(MAX_MODELS_BYTES)).decode(errors="replace")
+            finally:
+                resp.release()
+    except HttpConnectionError as exc:
+        raise UsageError(_connect_failure(url, parts.hostname, exc)) from None
     except TimeoutError:
         raise UsageError(
             f"target {url} did not answer GET /models within {timeout_s:g} s"
         ) from None
-    except aiohttp.ClientError as exc:
-        raise UsageError(f"cannot talk to target {url}: {type(exc).__name__}: {exc}") from None
+    except HttpProtocolError as exc:
+        raise UsageError(
+            f"target {url} is not an OpenAI-compatible server: GET {base}/models got a broken "
+            f"HTTP response ({exc}); accepted: {ACCEPTED}"
+        ) from None
+    finally:
+        await pool.close()
     if status in (401, 403):
         raise UsageError(
             f"target {url} refused the API key (HTTP {status}); "
@@ -95,6 +94,25 @@ async def probe(
     elif served and model not in served:
         raise UsageError(f"model {model!r} is not served by {url}; it serves: {', '.join(served)}")
     return ProbeResult(base_url=base, models=served, model=model)
+
+
+def _connect_failure(url: str, host: str, exc: HttpConnectionError) -> str:
+    """One line for a target that cannot be reached: unresolvable, refused, TLS, or dropped."""
+    err = exc.os_error
+    if isinstance(err, socket.gaierror):
+        return f"cannot resolve host {host!r} of target {url}"
+    if isinstance(err, ConnectionRefusedError):
+        reason = "connection refused"
+    elif isinstance(err, ssl.SSLError):
+        reason = f"TLS failed: {err.reason or err}"
+    elif err is not None:
+        reason = err.strerror or str(err)
+    else:
+        return f"cannot talk to target {url}: {exc}"
+    return (
+        f"cannot connect to target {url}: {reason} "
+        "(is the server running? pass --target with a reachable URL)"
+    )
 
 
 def _parse_models(text: str) -> list[str] | None:

@@ -1,13 +1,10 @@
-"""Metric formulas on hand-made chunk timelines, and the client's parsing of real SSE bytes."""
+"""Metric formulas on hand-made chunk timelines (the parsing of SSE bytes is tested in
+tests/endpoint/test_stream.py, where it lives)."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-
 import pytest
 
-from metrale.benchmarks.serve.client import _read_events
 from metrale.benchmarks.serve.metrics import (
     RequestRecord,
     itl_samples,
@@ -16,7 +13,6 @@ from metrale.benchmarks.serve.metrics import (
     peak_output_tps,
     queue_wait,
     schedule_lag,
-    spread_tokens,
     summarize,
     tpot,
 )
@@ -77,13 +73,6 @@ def test_slos_each_must_hold() -> None:
     assert not meets_slos(failed, {})
 
 
-def test_spread_tokens_prefers_per_chunk_usage_then_an_even_spread() -> None:
-    assert spread_tokens(3, 4, [1, 3, 4]) == [1, 2, 1]
-    assert spread_tokens(4, 8, []) == [2, 2, 2, 2]
-    assert spread_tokens(2, None, []) == [1, 1]
-    assert spread_tokens(0, 5, []) == []
-
-
 def test_summary_throughput_goodput_and_peak_over_the_window() -> None:
     # Two requests sent at t=0 and t=1, each 2 s long, 10 tokens over ten 0.2 s chunks.
     records = [
@@ -117,66 +106,3 @@ def test_summary_throughput_goodput_and_peak_over_the_window() -> None:
     assert m["ttft_ms_p50"] == pytest.approx(200.0)
     assert m["tpot_ms_p50"] == pytest.approx(1800 / 9)
     assert m["tokens_counted"] == 0
-
-
-class _Body:
-    def __init__(self, pieces: list[bytes]) -> None:
-        self.pieces = pieces
-
-    async def iter_any(self):  # type: ignore[no-untyped-def]
-        for piece in self.pieces:
-            await asyncio.sleep(0.01)
-            yield piece
-
-
-class _Resp:
-    def __init__(self, pieces: list[bytes]) -> None:
-        self.content = _Body(pieces)
-
-
-def _event(delta: dict[str, object], usage: dict[str, int] | None = None) -> bytes:
-    chunk: dict[str, object] = {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
-    if usage is not None:
-        chunk["usage"] = usage
-    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
-
-
-def test_client_parses_a_reasoning_prefix_and_multi_token_chunks() -> None:
-    pieces = [
-        _event({"role": "assistant"}),
-        _event({"reasoning_content": "hmm"}, {"completion_tokens": 1}),
-        _event({"content": "Hel"}, {"completion_tokens": 2}),
-        # Two events in one read, the second split across reads.
-        _event({"content": "lo wor"}, {"completion_tokens": 5}) + _event({"content": "ld"})[:20],
-        _event({"content": "ld"})[20:][:-2] + b"\n\n" + b'data: {"choices":[],"usage":'
-        b'{"prompt_tokens":3,"completion_tokens":6}}\n\ndata: [DONE]\n\n',
-    ]
-    record = rec()
-    asyncio.run(_read_events(_Resp(pieces), record, 0.0))  # type: ignore[arg-type]
-    assert record.error is None
-    assert record.reasoning_chunks == 1
-    assert len(record.chunk_times_s) == 4
-    assert record.ttft_s == record.chunk_times_s[0] < record.ttfc_s == record.chunk_times_s[1]
-    assert record.output_tokens == 6 and record.prompt_tokens == 3
-    assert record.token_source == "usage"
-    # Per-chunk usage covers 3 of 4 chunks: not all, so the even spread applies.
-    assert record.chunk_tokens == [1.5] * 4
-
-
-def test_client_counts_chunks_without_usage_and_flags_a_cut_stream() -> None:
-    record = rec()
-    pieces = [_event({"content": "a"}), _event({"content": "b"}), b"data: [DONE]\n\n"]
-    asyncio.run(_read_events(_Resp(pieces), record, 0.0))  # type: ignore[arg-type]
-    assert record.output_tokens == 2 and record.token_source == "counted"
-    assert record.chunk_tokens == [1.0, 1.0]
-    cut = rec()
-    with pytest.raises(Exception, match="incomplete"):
-        asyncio.run(_read_events(_Resp([_event({"content": "a"})]), cut, 0.0))  # type: ignore[arg-type]
-
-
-def test_client_reads_completions_text_chunks() -> None:
-    record = rec()
-    text = b'data: {"choices": [{"index": 0, "text": "hi", "finish_reason": null}]}\n\n'
-    pieces = [text, text, b"data: [DONE]\n\n"]
-    asyncio.run(_read_events(_Resp(pieces), record, 0.0))  # type: ignore[arg-type]
-    assert record.output_tokens == 2 and record.ttfc_s == record.ttft_s

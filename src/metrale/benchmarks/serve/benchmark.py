@@ -8,12 +8,11 @@ ends; `metrale plot` reads it).
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from metrale.benchmarks.serve.client import StreamClient
+from metrale.benchmarks.serve.client import PreparedRequest, StreamClient
 from metrale.benchmarks.serve.declared import METRICS, samples
 from metrale.benchmarks.serve.load import (
     Bound,
@@ -85,7 +84,7 @@ class ServeBenchmark(BenchmarkBase):
         self.percentiles: list[float] = []
         self._file_prompts: list[Prompt] | None = None
         self._client: StreamClient | None = None
-        self._bodies: list[bytes] = []
+        self._bodies: list[PreparedRequest] = []
         self._state: LevelState | None = None
         self._levels = ServeLevels(load="concurrency")
         #: the measured records of each level, for the samples of the reported one
@@ -120,7 +119,7 @@ class ServeBenchmark(BenchmarkBase):
         v = self.values
         assert handle.target is not None
         self._client = await StreamClient(
-            handle.target, handle.client_options.request_timeout_s, v["api"]
+            handle.target, handle.client_options, v["api"]
         ).__aenter__()
         exact: bool | None = None
         if self._file_prompts is not None:
@@ -129,7 +128,7 @@ class ServeBenchmark(BenchmarkBase):
             prompts = gsm8k_questions()
         else:
             handle.on_status("prompts")
-            tokenizer = Tokenizer(self._client.session, handle.target)
+            tokenizer = Tokenizer(self._client.pool, handle.target)
             await tokenizer.detect()
             prompts, exact = await synthetic(
                 v["num_prompts"], v["input_tokens"], v["seed"], tokenizer
@@ -144,14 +143,12 @@ class ServeBenchmark(BenchmarkBase):
             load=v["load"], slos=self.slos, percentiles=self.percentiles, input_tokens_exact=exact
         )
 
-    def _body(self, prompt: Prompt, ignore_eos: bool | None = None) -> bytes:
+    def _body(self, prompt: Prompt, ignore_eos: bool | None = None) -> PreparedRequest:
         v = self.values
         body: dict[str, Any] = {
             "model": self.handle.target.model if self.handle and self.handle.target else "",
             "max_tokens": prompt.max_tokens or v["max_tokens"],
             "temperature": v["temperature"],
-            "stream": True,
-            "stream_options": {"include_usage": True},
         }
         if v["api"] == "chat":
             body["messages"] = prompt.messages
@@ -159,7 +156,8 @@ class ServeBenchmark(BenchmarkBase):
             body["prompt"] = "\n".join(str(m.get("content", "")) for m in prompt.messages)
         if self._ignore_eos if ignore_eos is None else ignore_eos:
             body["ignore_eos"] = True
-        return json.dumps(body).encode()
+        assert self._client is not None
+        return self._client.prepare(body)
 
     async def _accepts_ignore_eos(self) -> bool:
         """One short request with `ignore_eos`: a 4xx means the server refuses the field."""

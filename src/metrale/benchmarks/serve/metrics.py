@@ -2,26 +2,29 @@
 
 Clocks: all times come from `time.perf_counter()`. A request record keeps its intended, ready and
 send times in seconds since the run began (`*_s`), and its chunk times in seconds since its own
-send. A *chunk* is one server-sent event that carries output: content, reasoning content or a
-tool-call delta; events that carry only a role, a finish reason or usage are not chunks.
+send. What one response says and when (send, *chunk*, TTFT, TTFC, E2E, chunk times, output
+tokens and `token_source`, tokens per chunk) is defined in `metrale.endpoint.stream`, once for
+every client in metrale; serve's client fills its records from there. In short:
 
-The definitions, for one request (send = the moment the request is handed to the connection):
+- **TTFT** = first output chunk − send (reasoning and tool calls count); **TTFC** = first
+  content chunk − send, reported apart.
+- **E2E** = the read carrying the stream's last event (`[DONE]`) − send; non-streaming
+  (`--no-stream`): TTFT = E2E = the body read whole − send.
+- **output tokens** = server `usage.completion_tokens` (`token_source = "usage"`), else the
+  number of chunks (`"counted"`).
+
+What this module adds, for one request (send = the moment the request is handed to the
+connection):
 
 - **queue wait** = ready − intended: time waiting client-side for a concurrency slot (rate mode
   with `max_concurrency`); 0 otherwise.
 - **scheduling lag** = send − ready: how late the client's event loop actually sent a request
   that could go. It measures the client, not the server; metrale keeps it well under 1 ms.
-- **TTFT** = first chunk − send (reasoning counts); **TTFC** = first content chunk − send
-  (reasoning excluded), reported apart.
-- **E2E** = last event of the stream (`[DONE]` where the server sends it) − send; bytes that
-  close the connection after it do not count.
 - **TPOT** = (E2E − TTFT) / (output tokens − 1), for requests with at least 2 output tokens.
-- **ITL** = the gaps between consecutive chunks, each divided by the tokens its later chunk
-  carries and counted once per token, pooled over requests: a 4-token chunk 40 ms after the
-  previous one adds four samples of 10 ms, so multi-token chunks (speculative decoding, batched
-  flushes) do not skew it.
-- **output tokens** = server `usage.completion_tokens` (`token_source = "usage"`), else the
-  number of chunks (`"counted"`).
+- **ITL** = the gaps between consecutive chunks (`endpoint.stream.chunk_gaps`), each divided by
+  the tokens its later chunk carries and counted once per token, pooled over requests: a
+  4-token chunk 40 ms after the previous one adds four samples of 10 ms, so multi-token chunks
+  (speculative decoding, batched flushes) do not skew it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from metrale.endpoint.stream import chunk_gaps
+from metrale.endpoint.stream import spread_tokens as spread_tokens
 from metrale.stats import mean, percentile
 
 Phase = Literal["warmup", "measure", "cooldown"]
@@ -95,31 +100,11 @@ def itl_samples(r: RequestRecord) -> list[float]:
     at least one.
     """
     out: list[float] = []
-    times, tokens = r.chunk_times_s, r.chunk_tokens
-    for i in range(1, len(times)):
+    tokens = r.chunk_tokens
+    for i, gap in enumerate(chunk_gaps(r.chunk_times_s), 1):
         k = tokens[i] if i < len(tokens) and tokens[i] > 0 else 1.0
-        out.extend([(times[i] - times[i - 1]) / k] * max(1, round(k)))
+        out.extend([gap / k] * max(1, round(k)))
     return out
-
-
-def spread_tokens(chunks: int, output_tokens: int | None, cumulative: Sequence[int]) -> list[float]:
-    """Tokens carried by each chunk.
-
-    From per-chunk cumulative usage where the server sends it (vLLM's `continuous_usage_stats`):
-    the differences. Else `output_tokens / chunks` each (exact when the server sends one token a
-    chunk, the usual case; an even spread otherwise). Else 1 each.
-    """
-    if chunks == 0:
-        return []
-    if len(cumulative) == chunks:
-        prev, out = 0, []
-        for c in cumulative:
-            out.append(float(max(c - prev, 0)))
-            prev = c
-        return out
-    if output_tokens:
-        return [output_tokens / chunks] * chunks
-    return [1.0] * chunks
 
 
 # --------------------------------------------------------------------------- many requests

@@ -14,6 +14,7 @@ optionally `max_tokens`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import random
@@ -21,12 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
+import orjson
 
 from metrale.endpoint.client import Target
+from metrale.endpoint.http import ConnectionPool, HttpConnectionError, HttpProtocolError
 from metrale.errors import UsageError, read_user_file
 
 WORDS_PER_TOKEN = 1 / 1.3
+#: A tokenize answer is a count or a token list: a prompt of 1M tokens is ~8 MB of JSON.
+MAX_TOKENIZE_BYTES = 16 * 1024 * 1024
 _VOCAB = [
     "time",
     "year",
@@ -188,13 +192,17 @@ def gsm8k_questions() -> list[Prompt]:
 
 
 class Tokenizer:
-    """Counts tokens with the server's tokenize endpoint; `count` is None when there is none."""
+    """Counts tokens with the server's tokenize endpoint; `count` is None when there is none.
 
-    def __init__(self, session: aiohttp.ClientSession, target: Target) -> None:
-        self.session = session
-        root = target.base_url.rstrip("/")
-        root = root[: -len("/v1")] if root.endswith("/v1") else root
+    Its calls go through the endpoint layer's pool (the serve client's), as every call to the
+    target does; they are not measured.
+    """
+
+    def __init__(self, pool: ConnectionPool, target: Target, timeout_s: float = 30.0) -> None:
+        self.pool = pool
+        root = pool.path_prefix.removesuffix("/v1")
         self.model = target.model
+        self.timeout_s = timeout_s
         self._candidates = [
             (root + "/tokenize", "prompt"),  # vLLM, SGLang (and metrale sim)
             (root + "/tokenize", "content"),  # llama.cpp server
@@ -206,23 +214,31 @@ class Tokenizer:
 
     async def detect(self) -> bool:
         """Find a working endpoint; its count of "" (BOS and the like) is subtracted later."""
-        for url, field in self._candidates:
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError, KeyError):
-                n = await self._raw(url, field, "")
+        for path, field in self._candidates:
+            with contextlib.suppress(HttpConnectionError, HttpProtocolError, TimeoutError):
+                n = await self._raw(path, field, "")
                 if n is not None:
-                    self._found, self._offset, self.available = (url, field), n, True
+                    self._found, self._offset, self.available = (path, field), n, True
                     return True
         return False
 
-    async def _raw(self, url: str, field: str, text: str) -> int | None:
+    async def _raw(self, path: str, field: str, text: str) -> int | None:
         body: dict[str, Any] = {field: text}
         if field == "prompt":
             body["model"] = self.model
             body["add_special_tokens"] = False
-        async with self.session.post(url, json=body) as resp:
-            if resp.status != 200:
-                return None
-            data = await resp.json(content_type=None)
+        async with asyncio.timeout(self.timeout_s):
+            resp = await self.pool.post(path, orjson.dumps(body), under_base=False)
+            try:
+                raw = await resp.read(MAX_TOKENIZE_BYTES)
+            finally:
+                resp.release()
+        if resp.status != 200:
+            return None
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return None
         if not isinstance(data, dict):
             return None
         if isinstance(data.get("count"), int):

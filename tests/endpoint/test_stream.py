@@ -1,0 +1,139 @@
+"""The one SSE parser and its definitions, on hand-made bytes delivered in hand-made reads.
+
+`_read_sse` is fed by a stand-in for `http.Response` (status and `iter_chunks`), so that each
+read's bytes and its arrival order are the test's; the real transport is tested in test_http.py
+and, end to end, in test_client_timing.py and tests/benchmarks/serve/test_client.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from metrale.endpoint.stream import (
+    CallFailed,
+    Completion,
+    StreamParser,
+    _read_sse,
+    chunk_gaps,
+    spread_tokens,
+)
+
+
+class _Resp:
+    """Reads `pieces` one per 10 ms, so that each read gets a later stamp than the last."""
+
+    status = 200
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = pieces
+
+    async def iter_chunks(self, max_bytes: int | None = None) -> AsyncIterator[bytes]:
+        for piece in self.pieces:
+            await asyncio.sleep(0.01)
+            yield piece
+
+
+def read(pieces: list[bytes], keep_text: bool = False) -> Completion:
+    parser = StreamParser(keep_text=keep_text, keep_times=True)
+    send = time.perf_counter()
+    return asyncio.run(_read_sse(_Resp(pieces), send, parser, None))  # type: ignore[arg-type]
+
+
+def event(
+    delta: dict[str, object], usage: dict[str, int] | None = None, finish: str | None = None
+) -> bytes:
+    chunk: dict[str, object] = {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    if usage is not None:
+        chunk["usage"] = usage
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def test_a_reasoning_prefix_multi_token_chunks_and_events_split_across_reads() -> None:
+    pieces = [
+        event({"role": "assistant"}),
+        event({"reasoning_content": "hmm"}, {"completion_tokens": 1}),
+        event({"content": "Hel"}, {"completion_tokens": 2}),
+        # Two events in one read, the second split across reads.
+        event({"content": "lo wor"}, {"completion_tokens": 5}) + event({"content": "ld"})[:20],
+        event({"content": "ld"})[20:][:-2] + b"\n\n" + event({}, finish="stop")
+        + b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":6}}\n\n' + DONE,
+    ]  # fmt: skip
+    done = read(pieces, keep_text=True)
+    assert done.reasoning_chunks == 1 and done.chunks == 4
+    times = done.chunk_times_s
+    assert times is not None and len(times) == 4 and times == sorted(times)
+    # TTFT counts reasoning; TTFC waits for content; both are chunk stamps, not new clocks.
+    assert done.ttft_s == times[0] < done.ttfc_s == times[1]
+    assert times[2] < times[3]  # the 4th event is completed only by the 5th read
+    assert done.e2e_s is not None and done.e2e_s >= times[3]
+    assert (done.completion_tokens, done.prompt_tokens, done.token_source) == (6, 3, "usage")
+    assert (done.content, done.reasoning, done.finish_reason) == ("Hello world", "hmm", "stop")
+    # Per-chunk usage covers 3 of 4 chunks: not all, so the even spread applies.
+    assert done.chunk_tokens() == [1.5] * 4
+
+
+def test_without_usage_the_chunks_are_counted() -> None:
+    done = read([event({"content": "a"}), event({"content": "b"}, finish="stop"), DONE])
+    assert (done.completion_tokens, done.token_source) == (2, "counted")
+    assert done.chunk_tokens() == [1.0, 1.0]
+    assert done.content == ""  # keep_text=False: serve keeps no text
+
+
+def test_a_stream_cut_before_its_end_is_a_retryable_connection_failure() -> None:
+    with pytest.raises(CallFailed) as info:
+        read([event({"content": "a"})])
+    assert info.value.kind == "connection" and info.value.retryable
+
+
+def test_done_without_a_finish_reason_is_an_incomplete_stream() -> None:
+    with pytest.raises(CallFailed) as info:
+        read([event({"content": "a"}), DONE])
+    assert info.value.kind == "incomplete_stream" and not info.value.retryable
+
+
+def test_completions_text_chunks_are_content() -> None:
+    text = b'data: {"choices": [{"index": 0, "text": "hi", "finish_reason": null}]}\n\n'
+    end = b'data: {"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}\n\n'
+    done = read([text, text, end, DONE], keep_text=True)
+    assert done.completion_tokens == 2 and done.ttfc_s == done.ttft_s
+    assert done.content == "hihi" and done.finish_reason == "length"
+
+
+def test_e2e_is_the_read_that_carried_done() -> None:
+    done = read([event({"content": "a"}, finish="stop"), b": keep-alive\n\n", DONE])
+    assert done.ttft_s is not None and done.e2e_s is not None
+    assert done.e2e_s > done.ttft_s  # [DONE] came two reads (>= 20 ms) after the chunk
+
+
+def test_a_json_body_is_one_chunk_whose_ttft_is_its_e2e() -> None:
+    parser = StreamParser(keep_text=False, keep_times=True)
+    body = {"choices": [{"message": {"content": "x"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 2, "completion_tokens": 9}}  # fmt: skip
+    done = parser.body(body, 200, 0.25)
+    assert (done.ttft_s, done.ttfc_s, done.e2e_s, done.chunk_times_s) == (0.25, 0.25, 0.25, [0.25])
+    assert (done.completion_tokens, done.token_source, done.chunk_tokens()) == (9, "usage", [9.0])
+    bare = StreamParser().body({"choices": [{"message": {"content": "x"}}]}, 200, 0.1)
+    assert (bare.completion_tokens, bare.token_source) == (None, None)
+    with pytest.raises(CallFailed) as info:
+        StreamParser().body({"choices": "x"}, 200, 0.1)
+    assert info.value.kind == "malformed_response"
+
+
+def test_spread_tokens_prefers_per_chunk_usage_then_an_even_spread() -> None:
+    assert spread_tokens(3, 4, [1, 3, 4]) == [1, 2, 1]
+    assert spread_tokens(4, 8, []) == [2, 2, 2, 2]
+    assert spread_tokens(2, None, []) == [1, 1]
+    assert spread_tokens(0, 5, []) == []
+
+
+def test_chunk_gaps_are_consecutive_differences() -> None:
+    assert chunk_gaps([0.1, 0.15, 0.3]) == pytest.approx([0.05, 0.15])
+    assert chunk_gaps([0.1]) == [] and chunk_gaps([]) == []
