@@ -3,17 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from metrale.errors import UsageError
 
+_MISSING = re.compile(r"argument (--[\w-]+)(?:/\S+)?: expected one argument")
+
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line naming the problem and where help is."""
+    """argparse, but a usage error is one line naming the problem and where help is.
+
+    `value_hints` maps a flag to what it accepts, so that `--rollouts` given without a value
+    says so and lists the accepted values, rather than argparse's bare 'expected one argument'.
+    """
+
+    value_hints: dict[str, str]
 
     def error(self, message: str) -> NoReturn:
+        missing = _MISSING.match(message)
+        hints = getattr(self, "value_hints", {})
+        if missing and missing.group(1) in hints:
+            flag = missing.group(1)
+            raise UsageError(
+                f"{flag} needs a value; accepted: {hints[flag]} (see '{self.prog} --help')"
+            )
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 

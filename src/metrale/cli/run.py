@@ -6,25 +6,41 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from metrale.cli.aio import run_async
-from metrale.cli.bench_flags import parse_bench_args
+from metrale.cli.bench_flags import (
+    add_bench_args,
+    bench_group,
+    given_values,
+    one_value_each,
+    refuse_extra,
+)
+from metrale.cli.options import refuse_model_flags, refuse_no_runtime, refuse_unused
 from metrale.cli.parsing import out_dir
 from metrale.cli.runtime_flags import add_runtime_args, runtime_from_args
 from metrale.cli.target import add_target_args, client_options, open_target
 from metrale.errors import UsageError
 
+if TYPE_CHECKING:
+    from metrale.plugin import Benchmark
 
-def add_parser(sub: Any) -> None:
+
+def add_parser(sub: Any, bench: type[Benchmark] | None = None) -> None:
+    bench_id = bench.descriptor.id if bench is not None else None
     p = sub.add_parser(
         "run",
-        # Benchmark parameters arrive as unknown flags: no abbreviation may swallow one
-        # (serve's --api would otherwise be taken for --api-key).
+        # Benchmark parameters may also arrive as unknown flags: no abbreviation may swallow
+        # one (serve's --api would otherwise be taken for --api-key).
         allow_abbrev=False,
+        prog=f"metrale run {bench_id}" if bench_id else None,
         help="run one benchmark against a target",
-        description="Run a benchmark. Benchmark parameters are flags too: "
-        "--rollouts 8, or -p rollouts=8 (see 'metrale list').",
+        description=(
+            f"Run {bench_id}: {bench.descriptor.summary}"
+            if bench is not None
+            else "Run a benchmark. Its parameters are flags too: 'metrale run BENCH --help' "
+            "lists them (see 'metrale list' for the benchmarks)."
+        ),
     )
     p.add_argument(
         "benchmark", nargs="?", help="benchmark id (see 'metrale list'); none with --resume"
@@ -37,6 +53,7 @@ def add_parser(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="a benchmark parameter (repeatable)",
     )
+    group = bench_group(p, bench, sweep=False)
     add_target_args(p)
     add_runtime_args(p)
     p.add_argument(
@@ -67,30 +84,35 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the final result as JSON")
     p.add_argument("--no-preflight", action="store_true", help="skip the 2+2 sanity check")
-    p.set_defaults(handler=handle)
+    p.value_hints = add_bench_args(p, group, bench, sweep=False)
+    p.set_defaults(handler=handle, bench_cls=bench)
 
 
 def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
     from metrale import runner
     from metrale.budgets import load_budgets
+    from metrale.plugin import get_benchmark
     from metrale.table import render
 
-    if args.resume is not None and args.benchmark is not None:
-        extra = _reclaim_positional(args, extra)
-    raw: dict[str, object] = dict(parse_bench_args(extra, args.param))
-    runtime = runtime_from_args(args)
-    options = client_options(args)
     if args.retry_errors and args.resume is None:
         raise UsageError("--retry-errors needs --resume RUN_DIR")
+    if args.resume is None and not args.benchmark:
+        raise UsageError("metrale run needs a benchmark id (see 'metrale list') or --resume")
+    bench_cls = args.bench_cls
+    if bench_cls is None and args.benchmark:
+        bench_cls = get_benchmark(args.benchmark)  # an unknown id: the list of known ones
+    specs = bench_cls().parameters() if bench_cls is not None else []
+    refuse_extra(extra, specs, f"metrale run {args.benchmark or ''}".strip())
+    raw: dict[str, object] = dict(one_value_each(given_values(args, args.param, specs), specs))
+    runtime = runtime_from_args(args)
+    options = client_options(args)
     if args.resume is not None:
+        from metrale.endpoint.client import ClientOptions
         from metrale.resume import resumed_run
 
         if args.overwrite:
             raise UsageError("--overwrite conflicts with --resume")
-        from metrale.cli import build_parser
-
-        defaults = client_options(build_parser().parse_known_args(["run", "x"])[0])
-        earlier = resumed_run(args.resume, args, raw, runtime, options, defaults)  # type: ignore[arg-type]
+        earlier = resumed_run(args.resume, args, raw, runtime, options, ClientOptions())  # type: ignore[arg-type]
         args.benchmark, args.target, args.model = earlier.benchmark, earlier.target, earlier.model
         raw, runtime, options, budgets = (
             earlier.params,
@@ -99,24 +121,28 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
             earlier.budgets,
         )
     else:
-        if not args.benchmark:
-            raise UsageError("metrale run needs a benchmark id (see 'metrale list') or --resume")
         budgets_path = args.budgets
         if budgets_path is None and Path("BENCH.toml").is_file():
             budgets_path = Path("BENCH.toml")
         budgets = load_budgets(budgets_path, args.benchmark) if budgets_path else {}
+    bench = get_benchmark(args.benchmark)()
+    bench.configure(raw)  # bad parameters: before a flag is judged against them
+    if args.resume is None:
+        refuse_unused(bench, args)
+        refuse_no_runtime(bench, args)
+    needs_model = bench.needs_model()
+    if not needs_model:
+        refuse_model_flags(bench, args)
     if runtime is not None:
         from metrale.runtime import check_runtime
 
         check_runtime(runtime)
 
     async def go() -> runner.RunResult:
-        from metrale.endpoint.client import Target
-
         request = runner.RunRequest(
             benchmark=args.benchmark,
             params=raw,
-            target=Target(base_url="", model=""),
+            target=None,
             client_options=options,
             out=args.resume if args.resume is not None else args.out,
             resume=args.resume is not None,
@@ -125,11 +151,13 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
             budgets=budgets,
             preflight=not args.no_preflight,
             runtime=runtime,
-            runtime_retries=args.retries_runtime,
+            runtime_retries=args.retries_runtime or 0,
         )
         runner.prepare(request)  # bad parameters fail before a server starts
         runner.check_run_dir(request)  # so does a run directory that must not be written
-        async with open_target(args) as target:
+        async with open_target(
+            args.target, args.model, args.api_key, needs_model=needs_model
+        ) as target:
             request.target = target
             return await runner.run(request)
 
@@ -146,21 +174,3 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
     if args.json:
         print(outcome.model_dump_json(indent=2))
     return outcome.exit_code
-
-
-def _reclaim_positional(args: argparse.Namespace, extra: Sequence[str]) -> list[str]:
-    """`run --resume DIR --rollouts 9`: argparse takes `9` for the (optional) benchmark id.
-    A value that names no benchmark goes back after the first parameter flag left without
-    one."""
-    from metrale.plugin import discover
-
-    tokens = list(extra)
-    if args.benchmark in discover():
-        return tokens
-    for i, tok in enumerate(tokens):
-        bare = tok.startswith("--") and "=" not in tok
-        if bare and (i + 1 == len(tokens) or tokens[i + 1].startswith("--")):
-            tokens.insert(i + 1, args.benchmark)
-            args.benchmark = None
-            break
-    return tokens

@@ -4,19 +4,36 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
 from metrale.cli.parsing import non_negative_int, positive_float, positive_int
 from metrale.errors import UsageError
 
+if TYPE_CHECKING:
+    from metrale.runtime.base import RuntimeConfig
 
-def add_runtime_args(p: argparse.ArgumentParser) -> None:
-    """Flags that choose and shape a runtime (where commands run); see `runtime_from_args`."""
-    g = p.add_argument_group("runtime")
-    g.add_argument("--runtime", metavar="NAME", help="subprocess, bwrap, docker or ray")
+#: `--runtime none`: no sandbox, rollouts run in metrale's process (as in a sweep's axis)
+NO_RUNTIME = "none"
+
+
+def add_runtime_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
+    """Flags that choose and shape a runtime (where commands run); see `runtime_from_args`.
+    In a sweep, `--runtime` is a comma list and the shaping flags apply to each runtime."""
+    g = p.add_argument_group(
+        "runtime",
+        "where rollouts' commands run; in a sweep the options apply to every runtime of it"
+        if sweep
+        else "where rollouts' commands run",
+    )
+    names = "none (in metrale's process), subprocess, bwrap, docker or ray"
+    g.add_argument(
+        "--runtime",
+        metavar="LIST" if sweep else "NAME",
+        help=f"a comma list of {names}, e.g. none,bwrap" if sweep else names,
+    )
     g.add_argument(
         "--retries-runtime",
         type=non_negative_int,
-        default=0,
         metavar="N",
         help="retries of a sandbox start that failed (default 0)",
     )
@@ -115,32 +132,66 @@ def _env_args(items: list[str] | None) -> dict[str, str] | None:
     return env
 
 
-def runtime_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """The RuntimeConfig the runtime flags describe, or None without `--runtime`."""
+#: each runtime-shaping flag: its argparse dest and its `runtime_config` option
+_FLAGS: dict[str, tuple[str, str]] = {
+    "--image": ("image", "image"),
+    "--docker-cli": ("docker_cli", "cli"),
+    "--ray-address": ("ray_address", "address"),
+    "--ray-inner": ("ray_inner", "inner"),
+    "--cpu-seconds": ("cpu_seconds", "cpu_s"),
+    "--memory-mb": ("memory_mb", "memory_mb"),
+    "--max-procs": ("max_procs", "max_procs"),
+    "--file-size-mb": ("file_size_mb", "file_size_mb"),
+    "--bind": ("bind", "rw_binds"),
+    "--ro-bind": ("ro_bind", "ro_binds"),
+    "--output-cap": ("output_cap", "output_cap_bytes"),
+    "--runtime-rate": ("runtime_rate", "start_rate"),
+    "--tmp-mb": ("tmp_mb", "tmp_mb"),
+    "--env": ("env", "env"),
+    "--network": ("network", "network"),
+}
+
+
+def given_runtime_flags(args: argparse.Namespace) -> list[str]:
+    """The runtime flags the user gave, `--runtime none` excepted (it asks for no runtime)."""
+    given = [flag for flag, (dest, _) in _FLAGS.items() if getattr(args, dest, None)]
+    if getattr(args, "retries_runtime", None) is not None:
+        given.insert(0, "--retries-runtime")
+    runtime = getattr(args, "runtime", None)
+    if runtime is not None and runtime.strip().lower() != NO_RUNTIME:
+        given.insert(0, "--runtime")
+    return given
+
+
+def runtime_options(args: argparse.Namespace, name: str) -> dict[str, object]:
+    """The `runtime_config` options the shaping flags give for runtime `name`."""
+    options: dict[str, object] = {}
+    for dest, option in _FLAGS.values():
+        value = getattr(args, dest, None)
+        if value is None or value is False:
+            continue
+        if option == "env":
+            value = _env_args(value)
+        elif option == "network":
+            value = "bridge" if name == "docker" else True
+        options[option] = value
+    return options
+
+
+def shaping_flags(args: argparse.Namespace) -> list[str]:
+    return [flag for flag, (dest, _) in _FLAGS.items() if getattr(args, dest, None)]
+
+
+def runtime_from_args(args: argparse.Namespace) -> RuntimeConfig | None:
+    """The RuntimeConfig the runtime flags describe; None without `--runtime` or with
+    `--runtime none` (rollouts in metrale's own process)."""
     from metrale.runtime import runtime_config
 
     name = getattr(args, "runtime", None)
-    options = {
-        "image": getattr(args, "image", None),
-        "cli": getattr(args, "docker_cli", None),
-        "address": getattr(args, "ray_address", None),
-        "inner": getattr(args, "ray_inner", None),
-        "cpu_s": getattr(args, "cpu_seconds", None),
-        "memory_mb": getattr(args, "memory_mb", None),
-        "max_procs": getattr(args, "max_procs", None),
-        "file_size_mb": getattr(args, "file_size_mb", None),
-        "rw_binds": getattr(args, "bind", None),
-        "ro_binds": getattr(args, "ro_bind", None),
-        "output_cap_bytes": getattr(args, "output_cap", None),
-        "start_rate": getattr(args, "runtime_rate", None),
-        "tmp_mb": getattr(args, "tmp_mb", None),
-        "env": _env_args(getattr(args, "env", None)),
-    }
-    if getattr(args, "network", False):
-        options["network"] = "bridge" if name == "docker" else True
-    if not name:
-        given = sorted(k for k, v in options.items() if v is not None)
+    if not name or name.strip().lower() == NO_RUNTIME:
+        given = shaping_flags(args)
         if given:
-            raise UsageError(f"runtime option(s) {', '.join(given)} need --runtime NAME")
+            what = "--runtime none takes" if name else "need --runtime NAME; without it, there is"
+            raise UsageError(f"runtime option(s) {', '.join(given)} {what} no sandbox to shape")
         return None
-    return runtime_config(name, **options)
+    return runtime_config(name, **runtime_options(args, name))
