@@ -37,6 +37,9 @@ def assert_usage_error(args: list[str], needle: str, cwd: Path) -> None:
         (["matrix", "serve", "--retries", "5"], "--retries does not apply to serve"),
         (["run", "serve", "--retries-runtime", "3"], "--retries-runtime does not apply to serve"),
         (["matrix", "serve", "--memory-mb", "64"], "--memory-mb does not apply to serve"),
+        (["run", "serve", "--image", "x"], "--image does not apply to serve"),
+        (["run", "serve", "--no-preflight", "--runtime", "none", "--retries", "1"],
+         "--retries does not apply to serve"),
         # --runtime none: accepted by both, or (a benchmark that needs a sandbox) by neither
         (["run", "agentic-webserver", "--runtime", "none"],
          "agentic_webserver needs a runtime, so --runtime none does not apply"),

@@ -104,6 +104,11 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
     specs = bench_cls().parameters() if bench_cls is not None else []
     refuse_extra(extra, specs, f"metrale run {args.benchmark or ''}".strip())
     raw: dict[str, object] = dict(one_value_each(given_values(args, args.param, specs), specs))
+    if args.resume is None:  # a resumed run's flags are judged against its run.json instead
+        fresh = get_benchmark(args.benchmark)()
+        fresh.configure(raw)  # bad parameters first: a flag is judged against valid ones
+        refuse_unused(fresh, args)
+        refuse_no_runtime(fresh, args)
     runtime = runtime_from_args(args)
     options = client_options(args)
     if args.resume is not None:
@@ -126,10 +131,7 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
             budgets_path = Path("BENCH.toml")
         budgets = load_budgets(budgets_path, args.benchmark) if budgets_path else {}
     bench = get_benchmark(args.benchmark)()
-    bench.configure(raw)  # bad parameters: before a flag is judged against them
-    if args.resume is None:
-        refuse_unused(bench, args)
-        refuse_no_runtime(bench, args)
+    bench.configure(raw)
     needs_model = bench.needs_model()
     if not needs_model:
         refuse_model_flags(bench, args)
