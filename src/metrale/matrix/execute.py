@@ -119,7 +119,7 @@ def cell_params(cell: Cell) -> dict[str, object]:
 
 async def run_sweep(
     plan: SweepPlan,
-    targets: Mapping[str, Target],
+    targets: Mapping[str, Target | None],
     *,
     client_options: ClientOptions | None = None,
     preflight: bool = True,
@@ -131,10 +131,11 @@ async def run_sweep(
 ) -> list[CellResult]:
     """Run `cells` (default: all of the plan) and write one file each; return their summaries.
 
-    `targets` maps tier name to its probed target. The 2+2 preflight runs once per tier, on its
-    first cell, not once per cell: it checks the target, not the cell. With `resume`, a cell
-    whose file says it completed is not run again (its file is returned as it is); any other
-    cell runs afresh, replacing what its run directory held.
+    `targets` maps tier name to its probed target (None: its cells call no model). The 2+2
+    preflight runs once per tier, on its first cell, not once per cell: it checks the target,
+    not the cell. With `resume`, a cell whose file says it completed is not run again (its
+    file is returned as it is); any other cell runs afresh, replacing what its run directory
+    held.
     """
     todo = list(plan.cells if cells is None else cells)
     options = client_options or ClientOptions()
@@ -192,8 +193,8 @@ async def run_cell(cell: Cell, request: runner.RunRequest) -> CellResult:
         rollouts=cell.rollouts,
         max_concurrent=cell.max_concurrent,
         params=dict(cell.params),
-        target=request.target.base_url,
-        model=request.target.model,
+        target=request.target.base_url if request.target is not None else "",
+        model=request.target.model if request.target is not None else "",
         started_at=datetime.now(UTC).isoformat(),
         run_dir=str(request.out),
     )

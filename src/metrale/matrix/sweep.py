@@ -360,6 +360,7 @@ def build_sweep(
     rollouts: str | None,
     max_concurrent: str | None,
     params: Sequence[str],
+    param_values: Mapping[str, list[object]] | None = None,
     tiers: Sequence[str],
     target: str | None,
     model: str | None,
@@ -367,7 +368,8 @@ def build_sweep(
 ) -> Sweep:
     """A sweep from flags and an optional TOML file; a flag overrides the file's axis.
 
-    A file's `[params]` are merged with `-p` flags key by key. Tiers come from `--tier` flags,
+    A file's `[params]` are merged with `-p` flags (and `param_values`, lists already split)
+    key by key. Tiers come from `--tier` flags,
     else `[[tier]]` tables, else one tier from `--target`/`--model` (the embedded model when no
     target is given).
     """
@@ -390,6 +392,8 @@ def build_sweep(
     )
     swept = toml_params(data)
     swept.update(parse_param_flags(params))
+    # already split by the caller, which knows the benchmark's axes (`metrale matrix` flags)
+    swept.update(_check_params(dict(param_values or {}), "parameter"))
     if tiers:
         tier_list = [parse_tier_flag(t) for t in tiers]
         check_tiers(tier_list)

@@ -1,0 +1,36 @@
+"""`metrale cleanup`: remove what killed runs left behind."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from metrale.cli.parsing import no_extra
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "cleanup",
+        help="remove what killed runs left: labelled containers, bwrap workdirs and cgroups",
+        description="Remove the sandboxes of runs that are no longer alive: docker containers "
+        "with the metrale.sandbox label, bwrap workdirs and pids cgroups. What a live run uses "
+        "is kept. Exit 0, also when there is nothing to remove.",
+    )
+    p.add_argument("--docker-cli", metavar="CLI", default="docker")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        dest="everything",
+        help="also remove containers of live runs and of other hosts",
+    )
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    from metrale.runtime.cleanup import cleanup
+
+    no_extra(extra)
+    for line in cleanup(args.docker_cli, everything=args.everything).lines():
+        print(line)
+    return 0

@@ -1,0 +1,32 @@
+"""`metrale report`: the table of a sweep or a run, one row per cell."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from metrale.cli.parsing import no_extra
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("report", help="the table of a sweep, one row per cell")
+    p.add_argument("dir", type=Path, metavar="DIR", help="a 'metrale matrix' output directory")
+    p.add_argument("--csv", action="store_true", help="CSV instead of Markdown")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    from metrale.matrix import cell_from_run_dir, is_run_dir, read_cells
+    from metrale.matrix.report import failure_notes, render_report
+
+    no_extra(extra)
+    # a run directory is one row; a sweep directory a row per cell file
+    cells = [cell_from_run_dir(args.dir)] if is_run_dir(args.dir) else read_cells(args.dir)
+    print(render_report(cells, "csv" if args.csv else "markdown"))
+    if args.csv:
+        for note in failure_notes(cells):
+            print(note, file=sys.stderr)
+    return 0

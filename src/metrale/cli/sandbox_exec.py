@@ -1,0 +1,62 @@
+"""`metrale exec`: one command in a fresh sandbox."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from metrale.cli.aio import run_async
+from metrale.cli.parsing import no_extra, positive_float
+from metrale.cli.runtime_flags import add_runtime_args, runtime_from_args
+from metrale.errors import RunError, UsageError
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "exec",
+        help="run one command in a fresh sandbox",
+        description="Start a fresh sandbox, run COMMAND in it, print its output, stop the "
+        "sandbox; exit with the command's exit code (124 on timeout).",
+    )
+    add_runtime_args(p)
+    p.add_argument("--timeout", type=positive_float, metavar="S", help="seconds (default none)")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    from metrale.runtime import check_runtime, create_runtime
+
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    no_extra(extra)
+    if not args.runtime:
+        raise UsageError("metrale exec needs --runtime NAME (subprocess, bwrap, docker, ray)")
+    if not command:
+        raise UsageError("metrale exec needs a command after --")
+    config = runtime_from_args(args)
+    check_runtime(config)
+
+    async def go() -> int:
+        from metrale.runtime import RuntimeStartError
+
+        try:
+            async with create_runtime(config) as sandbox:
+                result = await sandbox.run(command, timeout=args.timeout)
+        except RuntimeStartError as exc:
+            raise RunError(f"sandbox did not start: {exc}") from None
+        sys.stdout.write(result.stdout)
+        sys.stdout.flush()
+        sys.stderr.write(result.stderr)
+        sys.stderr.flush()
+        return 124 if result.timed_out else result.exit_code
+
+    try:
+        return run_async(go)
+    except FileNotFoundError as exc:
+        raise RunError(f"cannot start the sandbox: {exc}") from None
+    except RuntimeError as exc:
+        raise RunError(f"sandbox failed: {exc}") from None
