@@ -137,3 +137,20 @@ def test_containers_of_dead_runs_go_and_of_live_runs_stay(
         left = labelled_containers(**{"test.tag": tag})
         if left:
             subprocess.run(["docker", "rm", "-f", *left], capture_output=True)
+
+
+def test_a_sandbox_being_started_by_a_live_run_is_kept(tmp_path: Path) -> None:
+    """Before its bwrap runs, a starting sandbox's workdir is named only by its run's pid."""
+    run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "metrale"])
+    try:
+        starting = tmp_path / f"metrale-bwrap-{run.pid}-abcd1234"
+        starting.mkdir()
+        report = CleanupReport()
+        clean_bwrap(report, tmp_path)
+        assert starting.is_dir() and any(str(starting) in k for k in report.kept)
+    finally:
+        run.kill()
+        run.wait()
+    report = CleanupReport()
+    clean_bwrap(report, tmp_path)  # its run is gone now: a leftover
+    assert not starting.exists() and f"workdir {starting}" in report.removed

@@ -60,6 +60,19 @@ def _parent(pid: str) -> str | None:
     return stat.rsplit(")", 1)[1].split()[1]  # the field after the state
 
 
+def _owner_alive(name: str) -> bool:
+    """Whether the metrale process a sandbox's workdir or cgroup is named after
+    (`metrale-bwrap-<pid>-...`) is alive: a sandbox being started has its workdir and cgroup
+    before any process of its own names them, and must not be taken for a dead run's."""
+    pid = name[len(WORKDIR_PREFIX) :].split("-", 1)[0]
+    if not pid.isdigit():
+        return False
+    try:
+        return b"metrale" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def _run_alive(procs: list[str]) -> bool:
     """Whether a sandbox's processes still belong to a live run: one of them has a parent
     outside the cgroup that is not init (metrale itself, for its bwrap and its commands). A
@@ -125,7 +138,7 @@ def clean_bwrap(report: CleanupReport, tmp: Path | None = None) -> None:
             procs = (cgroup / "cgroup.procs").read_text().split()
         except OSError:
             continue
-        if procs and _run_alive(procs):
+        if (procs and _run_alive(procs)) or _owner_alive(cgroup.name):
             live.add(cgroup.name)
             report.kept.append(f"cgroup {cgroup} ({len(procs)} live process(es))")
             continue
@@ -142,7 +155,7 @@ def clean_bwrap(report: CleanupReport, tmp: Path | None = None) -> None:
         if not workdir.is_dir() or workdir.is_symlink():
             continue
         needle = str(workdir).encode()
-        if workdir.name in live or any(needle in c for c in cmdlines):
+        if workdir.name in live or _owner_alive(workdir.name) or any(needle in c for c in cmdlines):
             report.kept.append(f"workdir {workdir} (its sandbox is alive)")
             continue
         shutil.rmtree(workdir, ignore_errors=True)
