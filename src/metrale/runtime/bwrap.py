@@ -43,6 +43,7 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
@@ -78,7 +79,7 @@ from metrale.runtime.bwrap_setup import (
 from metrale.runtime.bwrap_watchdog import ensure_watchdog, owner_prefix
 from metrale.runtime.cgroups import SandboxCgroup
 from metrale.runtime.configs import BwrapConfig
-from metrale.runtime.procs import die_with_us, killpg, run_process
+from metrale.runtime.procs import die_with_us, enter_then_die_with_us, killpg, run_process
 from metrale.runtime.sandbox_proc import SandboxProcess, close_all
 
 __all__ = [
@@ -211,10 +212,18 @@ class BwrapRuntime(RuntimeBase):
         )
         read_fd, write_fd = os.pipe()
         argv = self.bwrap_argv(write_fd, binds)
-        if privileged():
+        procs = self._cgroup.procs_files() if self._cgroup is not None else []
+        if staging:
+            # root must mount the staged binds in a namespace of their own before the uid
+            # changes: the wrapper chain (each step execs in place, metrale stays the parent)
             argv = [*stage_argv(staging), *as_uid(self.host_uid, os.getpid()), *argv]
-        if self._cgroup is not None:
-            argv = self._cgroup.wrap(argv)
+            if self._cgroup is not None:
+                argv = self._cgroup.wrap(argv)
+            preexec = die_with_us()
+        else:
+            # the same steps in the forked child, no exec each: cgroup, uid, death signal
+            uid = self.host_uid if privileged() else None
+            preexec = enter_then_die_with_us(procs, uid)
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -225,9 +234,9 @@ class BwrapRuntime(RuntimeBase):
                 start_new_session=True,
                 env=SPAWN_ENV,
                 cwd="/",  # a shell on the way would put metrale's cwd into PWD
-                preexec_fn=die_with_us(),
+                preexec_fn=preexec,
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             os.close(read_fd)
             raise RuntimeStartError(f"cannot run bwrap: {exc}") from exc
         finally:
