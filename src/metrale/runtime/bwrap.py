@@ -26,8 +26,9 @@ What holds, and how:
 - **Bounded by default**: total memory and processes by a cgroup per sandbox where the host has
   one (`cgroups`), `/tmp` and `/dev/shm` by tmpfs size, CPU time and file size by rlimits.
   `/work` is host disk bounded only per file (RLIMIT_FSIZE); see the README's table.
-- **Every exit path stops it**: bwrap is spawned with a race-free parent-death signal
-  (`die_with_us`), so a SIGKILLed metrale takes it along; `stop()` kills synchronously, and
+- **Every exit path stops it**: bwrap is started through `setpriv --pdeathsig KILL` and a
+  shell that checks its parent is still metrale after the signal is armed (`as_uid`), so a
+  SIGKILLed metrale takes it along, with no window; `stop()` kills synchronously, and
   finishes waiting, cgroup removal and rmtree even when the awaiting task is cancelled.
 
 Each `run()` enters those namespaces with `nsenter` as uid 1000 of the sandbox's user namespace,
@@ -43,7 +44,6 @@ import os
 import secrets
 import shutil
 import signal
-import subprocess
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
@@ -79,7 +79,7 @@ from metrale.runtime.bwrap_setup import (
 from metrale.runtime.bwrap_watchdog import ensure_watchdog, owner_prefix
 from metrale.runtime.cgroups import SandboxCgroup
 from metrale.runtime.configs import BwrapConfig
-from metrale.runtime.procs import die_with_us, enter_then_die_with_us, killpg, run_process
+from metrale.runtime.procs import killpg, run_process
 from metrale.runtime.sandbox_proc import SandboxProcess, close_all
 
 __all__ = [
@@ -212,18 +212,12 @@ class BwrapRuntime(RuntimeBase):
         )
         read_fd, write_fd = os.pipe()
         argv = self.bwrap_argv(write_fd, binds)
-        procs = self._cgroup.procs_files() if self._cgroup is not None else []
-        if staging:
-            # root must mount the staged binds in a namespace of their own before the uid
-            # changes: the wrapper chain (each step execs in place, metrale stays the parent)
-            argv = [*stage_argv(staging), *as_uid(self.host_uid, os.getpid()), *argv]
-            if self._cgroup is not None:
-                argv = self._cgroup.wrap(argv)
-            preexec = die_with_us()
-        else:
-            # the same steps in the forked child, no exec each: cgroup, uid, death signal
-            uid = self.host_uid if privileged() else None
-            preexec = enter_then_die_with_us(procs, uid)
+        # every step execs in place (metrale stays the parent) and the last checks that it
+        # still is, after the death signal is armed: no preexec_fn, so no fork() on the loop
+        uid = self.host_uid if privileged() else None
+        argv = [*stage_argv(staging), *as_uid(uid, os.getpid()), *argv]
+        if self._cgroup is not None:
+            argv = self._cgroup.wrap(argv)
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -234,9 +228,8 @@ class BwrapRuntime(RuntimeBase):
                 start_new_session=True,
                 env=SPAWN_ENV,
                 cwd="/",  # a shell on the way would put metrale's cwd into PWD
-                preexec_fn=preexec,
             )
-        except (OSError, subprocess.SubprocessError) as exc:
+        except OSError as exc:
             os.close(read_fd)
             raise RuntimeStartError(f"cannot run bwrap: {exc}") from exc
         finally:

@@ -99,10 +99,6 @@ class SandboxCgroup:
             return None
         return cgroup
 
-    def procs_files(self) -> list[str]:
-        """The `cgroup.procs` files a process writes its pid into to join these cgroups."""
-        return [str(p / "cgroup.procs") for p in self.paths]
-
     def wrap(self, argv: Sequence[str]) -> list[str]:
         """`argv`, moved into these cgroups before it starts (so all its children are in them);
         exit 125 without running it when the move fails."""

@@ -14,7 +14,6 @@ import contextlib
 import ctypes
 import functools
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -59,47 +58,6 @@ def die_with_us() -> Callable[[], None]:
     prctl = _libc().prctl
 
     def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:
-            os._exit(137)
-
-    return preexec
-
-
-def enter_then_die_with_us(
-    cgroup_procs: Sequence[str] = (),
-    uid: int | None = None,
-    rlimits: Sequence[tuple[int, int]] = (),
-) -> Callable[[], None]:
-    """A `preexec_fn` doing in the forked child what a chain of wrappers (`sh` joining the
-    cgroups, `setpriv`, a `sh` checking the parent, `prlimit`) did with an exec each: join
-    `cgroup_procs` (as root, before any uid change), set `rlimits`, drop to host `uid`/gid with
-    no groups (all three uids, so every capability goes), then arm the parent-death signal,
-    *after* the uid change that would clear it, and exit if metrale already died.
-
-    Exit 125: a cgroup could not be joined (the child must not run unbounded). Only raw
-    syscalls (no buffered I/O, no allocation-heavy code): the child of a threaded process."""
-    parent = os.getpid()
-    prctl = _libc().prctl
-    procs = [os.fsencode(p) for p in cgroup_procs]
-
-    def preexec() -> None:
-        me = str(os.getpid()).encode()
-        for path in procs:
-            try:
-                fd = os.open(path, os.O_WRONLY)
-                try:
-                    os.write(fd, me)
-                finally:
-                    os.close(fd)
-            except OSError:
-                os._exit(125)
-        for which, value in rlimits:
-            resource.setrlimit(which, (value, value))
-        if uid is not None:
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:
             os._exit(137)
