@@ -184,8 +184,8 @@ class ConnectionPool:
                 server_hostname=self.host if self._ssl else None,
                 limit=1 << 20,
             )
-        except OSError as exc:
-            raise HttpConnectionError(f"cannot connect to {self.host}:{self.port}: {exc}") from None
+        except OSError as exc:  # chained: the probe tells DNS from refused by the cause
+            raise HttpConnectionError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
         return _Connection(reader, writer)
 
     def put(self, conn: _Connection) -> None:
@@ -211,6 +211,12 @@ class ConnectionPool:
             except HttpConnectionError:
                 conn.close()  # stale keep-alive connection: try the next, then a fresh one
         return await self._exchange(await self._connect(), head, body)
+
+    async def get(self, path: str, headers: Mapping[str, str] | None = None) -> Response:
+        """One GET on a fresh connection (the probe's `GET /models`); the body is the caller's."""
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        head = f"GET {self.path_prefix}{path} HTTP/1.1\r\n{self._head}{extra}\r\n"
+        return await self._exchange(await self._connect(), head.encode("latin-1"), b"")
 
     async def _exchange(self, conn: _Connection, head: bytes, body: bytes) -> Response:
         status: int | None = None

@@ -8,14 +8,15 @@ failure, since a tiny model may well get it wrong.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 from urllib.parse import urlsplit
 
-import aiohttp
 from pydantic import BaseModel
 
 from metrale.endpoint.client import ChatClient, ClientOptions, EndpointError, Target
+from metrale.endpoint.http import ConnectionPool, HttpConnectionError, HttpProtocolError
 from metrale.errors import UsageError
 
 ACCEPTED = "an OpenAI-compatible base URL such as http://127.0.0.1:8000/v1"
@@ -34,6 +35,10 @@ class Preflight(BaseModel):
     error: str | None = None
 
 
+#: The most of a `GET /models` answer read (a server listing thousands of models fits).
+MODELS_MAX_BYTES = 8 << 20
+
+
 async def probe(
     url: str, model: str | None = None, api_key: str | None = None, timeout_s: float = 10.0
 ) -> ProbeResult:
@@ -49,22 +54,26 @@ async def probe(
     if parts.scheme not in {"http", "https"} or not parts.hostname:
         raise UsageError(f"target {url!r} is not an http(s) URL; accepted: {ACCEPTED}")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    # metrale's own HTTP client, not aiohttp: importing aiohttp cost ~100 ms of every run's
+    # start-up, for this one GET
+    pool = ConnectionPool(base, headers)
     try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
-            session.get(base + "/models", headers=headers) as resp,
-        ):
-            status = resp.status
-            text = await resp.text()
-    except aiohttp.ClientConnectorDNSError:
-        raise UsageError(f"cannot resolve host {parts.hostname!r} of target {url}") from None
-    except aiohttp.ClientConnectorError as exc:
-        if isinstance(exc.os_error, socket.gaierror):
+        async with asyncio.timeout(timeout_s):
+            resp = await pool.get("/models")
+            body = await resp.read(max_bytes=MODELS_MAX_BYTES)
+            resp.release()
+        status = resp.status
+        text = body.decode("utf-8", errors="replace")
+    except HttpConnectionError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, socket.gaierror):
             raise UsageError(f"cannot resolve host {parts.hostname!r} of target {url}") from None
+        if cause is None:
+            raise UsageError(f"cannot talk to target {url}: {exc}") from None
         reason = (
             "connection refused"
-            if isinstance(exc.os_error, ConnectionRefusedError)
-            else exc.os_error.strerror or str(exc)
+            if isinstance(cause, ConnectionRefusedError)
+            else getattr(cause, "strerror", None) or str(cause)
         )
         raise UsageError(
             f"cannot connect to target {url}: {reason} "
@@ -74,8 +83,10 @@ async def probe(
         raise UsageError(
             f"target {url} did not answer GET /models within {timeout_s:g} s"
         ) from None
-    except aiohttp.ClientError as exc:
+    except (HttpProtocolError, OSError) as exc:
         raise UsageError(f"cannot talk to target {url}: {type(exc).__name__}: {exc}") from None
+    finally:
+        await pool.close()
     if status in (401, 403):
         raise UsageError(
             f"target {url} refused the API key (HTTP {status}); "
