@@ -317,6 +317,8 @@ def test_stage_durations_are_sorted_per_stage_and_include_failed_stages() -> Non
         "generation": [1.0, 2.0],
         "scoring": [0.5],
         "total": [1.1, 2.8],
+        "setup_wait": [],  # no sandbox: nothing queued, nothing stopped
+        "stop": [],
     }
     progress = Progress(keep_records=False)
     for record in records:

@@ -41,12 +41,29 @@ def test_gsm8k_grades_inside_the_runtime(name: str, answering_sim: Sim, tmp_path
         assert record["error"] is None
         assert record["runtime"] == name
         assert record["metrics"]["parsed"] == "18"  # from the grader's JSON, not in-process
+        assert record["metrics"]["grader"] == "awk"  # no interpreter started to score
         assert record["reward"] == (1.0 if record["metrics"]["reference"] == "18" else 0.0)
         assert "setup" in record["stages"] and "scoring" in record["stages"]
     info = json.loads((out / "run.json").read_text())
     assert info["runtime"]["type"] == name
     result = json.loads((out / "result.json").read_text())
     assert result["result"]["metrics"]["runtime_retries"] == 0
+
+
+@pytest.mark.skipif(not HAVE_BWRAP, reason="bwrap not installed")
+def test_a_text_awk_declines_is_graded_by_python_in_the_sandbox(tmp_path: Path) -> None:
+    with start_sim("--reply", "résumé: the answer is 18") as s:
+        proc = run_cli(
+            ["run", "gsm8k", "--target", s.url, "--runtime", "bwrap", "--rollouts", "2",
+             "--seed", "none", "--out", str(tmp_path), "--no-preflight"],
+            timeout=180,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    for line in (tmp_path / "rollouts.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        assert record["error"] is None
+        assert record["metrics"]["grader"] == "python"
+        assert record["metrics"]["parsed"] == "18"
 
 
 def test_without_a_runtime_grading_stays_in_process(sim: Sim, tmp_path: Path) -> None:

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, ClassVar
 
 from metrale.errors import UsageError
 from metrale.plugin import (
-    SUMMARY_STAGES,
     BenchmarkResult,
     Check,
     Metric,
@@ -36,7 +35,7 @@ from metrale.plugin import (
 from metrale.rollout.lifecycle import BenchmarkBase
 from metrale.rollout.pool import Progress, RolloutPlan, run_rollouts
 from metrale.rollout.records import RolloutRecord, RolloutTask
-from metrale.rollout.summary import ROLLOUT_METRICS, build_summary, sampled
+from metrale.rollout.summary import ROLLOUT_METRICS, build_summary, sampled, shown_stages
 from metrale.stats import Spread
 
 if TYPE_CHECKING:
@@ -184,6 +183,7 @@ class RolloutBenchmark(BenchmarkBase):
             on_warning=lambda message: self.log(message, "warn"),
             client=self.client,
             run_dir=handle.artifacts.run_dir,
+            start_limit=getattr(handle.runtime, "start_limit", None),
         )
 
     async def run(self) -> None:
@@ -212,7 +212,7 @@ class RolloutBenchmark(BenchmarkBase):
         if p.error_kinds:
             kinds = ", ".join(f"{k} x{v}" for k, v in sorted(p.error_kinds.items()))
             self.log(f"failed rollouts: {kinds}", "warn")
-        stages = {s: Spread.of(summary.stage(s)) for s in SUMMARY_STAGES}
+        stages = {s: Spread.of(summary.stage(s)) for s in shown_stages(summary)}
         result = BenchmarkResult(
             status=Status.COMPLETED,
             phase="done",
@@ -236,12 +236,12 @@ class RolloutBenchmark(BenchmarkBase):
         extra = [m for m in self.task_metrics() if m.column]
         reward = summary.reward_mean
         return Table(
-            columns=["e2e", "err", "rew", *SUMMARY_STAGES, *(m.name for m in extra)],
+            columns=["e2e", "err", "rew", *stages, *(m.name for m in extra)],
             rows=[[
                 f"{summary.e2e_s or 0:.2f}",
                 summary.errors,
                 "-" if reward is None else f"{reward:.3f}",
-                *(stages[s].cell() for s in SUMMARY_STAGES),
+                *(spread.cell() for spread in stages.values()),
                 *(_value(summary.metrics.get(m.name)) for m in extra),
             ]],
         )  # fmt: skip

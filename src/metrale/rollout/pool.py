@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from metrale.plugin.metrics import Metric
 from metrale.plugin.results import SUMMARY_STAGES
+from metrale.rollout.limiter import StartLimiter
 from metrale.rollout.records import (
     ErrorInfo,
     RolloutContext,
@@ -38,6 +39,11 @@ if TYPE_CHECKING:
     from metrale.endpoint.client import ChatClient
 
 T = TypeVar("T")
+
+#: Durations a sandboxed rollout has beside its stages: `setup_wait`, the part of setup spent
+#: queued for a start slot (the limiter's; setup includes it), and `stop`, its sandbox's
+#: teardown (after scoring, not in total).
+RUNTIME_DURATIONS: tuple[str, ...] = ("setup_wait", "stop")
 
 
 @dataclass
@@ -65,6 +71,11 @@ class RolloutPlan:
     #: handed to every rollout's context
     client: ChatClient | None = None
     run_dir: Path | None = None
+    #: sandbox starts in flight at once: None adapts to the measured start latency (from
+    #: twice the cores), 0 is no bound, N a fixed bound (`limiter`)
+    start_limit: int | None = None
+    #: made by `run_rollouts` from `start_limit` unless given (shared by every start of the run)
+    limiter: StartLimiter | None = None
 
 
 @dataclass
@@ -87,7 +98,7 @@ class Progress:
     token_sources: set[str] = field(default_factory=set)
     error_kinds: dict[str, int] = field(default_factory=dict)
     durations: dict[str, array[float]] = field(
-        default_factory=lambda: {s: array("d") for s in SUMMARY_STAGES}
+        default_factory=lambda: {s: array("d") for s in (*SUMMARY_STAGES, *RUNTIME_DURATIONS)}
     )
     keep_records: bool = True
     records: list[RolloutRecord] = field(default_factory=list)
@@ -124,6 +135,10 @@ class Progress:
             self.durations[name].append(timing.duration_s)
         if record.total_s is not None:
             self.durations["total"].append(record.total_s)
+        if record.setup_wait_s is not None:
+            self.durations["setup_wait"].append(record.setup_wait_s)
+        if record.stop_s is not None:
+            self.durations["stop"].append(record.stop_s)
         for metric in self.metrics:
             x = metric.sample_of(record)
             if x is None:
@@ -204,6 +219,9 @@ async def run_rollouts(plan: RolloutPlan, progress: Progress | None = None) -> l
         )
         width = cap
     indices = (i for i in range(plan.count) if i not in plan.skip)
+    if plan.make_runtime is not None and plan.limiter is None and plan.start_limit != 0:
+        fixed = plan.start_limit is not None
+        plan.limiter = StartLimiter(plan.start_limit, adaptive=not fixed)
 
     async def worker() -> None:
         for index in indices:  # one shared iterator: each index goes to exactly one worker
@@ -292,6 +310,7 @@ async def _run_one(plan: RolloutPlan, index: int, origin: float) -> RolloutRecor
             record.retries = int(getattr(exc, "retries", 0) or 0)
     finally:
         if ctx.runtime is not None:
+            stopping = time.perf_counter()
             try:
                 await finish(ctx.runtime.stop())
             except asyncio.CancelledError:
@@ -299,6 +318,8 @@ async def _run_one(plan: RolloutPlan, index: int, origin: float) -> RolloutRecor
             except Exception as exc:  # a failed teardown is the rollout's fault, not the run's
                 if record.error is None:
                     record.error = ErrorInfo(type="runtime_stop", message=str(exc)[:500])
+            finally:
+                record.stop_s = (record.stop_s or 0.0) + time.perf_counter() - stopping
         after = getattr(task, "teardown", None)
         if after is not None:
             try:
@@ -322,7 +343,12 @@ async def _start_runtime(plan: RolloutPlan, record: RolloutRecord) -> Runtime:
     while True:
         runtime = plan.make_runtime(record.index)
         try:
-            await runtime.start()
+            if plan.limiter is None:
+                await runtime.start()
+            else:
+                async with plan.limiter.slot() as slot:
+                    record.setup_wait_s = (record.setup_wait_s or 0.0) + slot.waited_s
+                    await runtime.start()
             return runtime
         except BaseException as exc:
             await finish(runtime.stop())

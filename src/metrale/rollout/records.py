@@ -56,6 +56,11 @@ class RolloutRecord(BaseModel):
     started_at: float
     stages: dict[str, StageTiming] = Field(default_factory=dict)
     total_s: float | None = None
+    #: seconds of setup spent queued for a sandbox start slot (included in setup; None: the
+    #: rollout started no sandbox); restarts add theirs
+    setup_wait_s: float | None = None
+    #: seconds its sandbox's stop() took (after the last stage; not in total)
+    stop_s: float | None = None
     reward: float | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
     tokens: Tokens = Field(default_factory=Tokens)

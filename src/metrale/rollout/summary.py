@@ -8,12 +8,13 @@ each record as it arrives, so memory stays 8 bytes a value and no record is kept
 
 from __future__ import annotations
 
+import dataclasses
 from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from metrale.plugin import SUMMARY_STAGES, Metric, RunSummary
-from metrale.rollout.pool import Progress
+from metrale.rollout.pool import RUNTIME_DURATIONS, Progress
 from metrale.rollout.records import RolloutRecord
 
 
@@ -21,6 +22,8 @@ def _stage(name: str) -> Metric:
     def duration(r: RolloutRecord) -> float | None:
         if name == "total":
             return r.total_s
+        if name in RUNTIME_DURATIONS:
+            return r.setup_wait_s if name == "setup_wait" else r.stop_s
         timing = r.stages.get(name)
         return None if timing is None else timing.duration_s
 
@@ -35,7 +38,36 @@ def _stage(name: str) -> Metric:
     )
 
 
-STAGE_METRICS: tuple[Metric, ...] = tuple(_stage(s) for s in SUMMARY_STAGES)
+def _runtime_duration(name: str, doc: str) -> Metric:
+    return dataclasses.replace(_stage(name), doc=doc)
+
+
+STAGE_METRICS: tuple[Metric, ...] = (
+    *(_stage(s) for s in SUMMARY_STAGES),
+    _runtime_duration(
+        "setup_wait",
+        "p50 over sandboxed rollouts of the time setup spent queued for a start "
+        "slot (part of setup: the start limiter's wait, never hidden in it)",
+    ),
+    _runtime_duration(
+        "stop",
+        "p50 over sandboxed rollouts of their sandbox's stop(), after scoring (not in total)",
+    ),
+)
+
+
+def shown_stages(summary: RunSummary) -> list[str]:
+    """The duration columns a run's table shows: the stages, with `setup_wait` before setup and
+    `stop` after scoring when the run has them (rollouts that started sandboxes)."""
+    shown = []
+    for name in SUMMARY_STAGES:
+        if name == "setup" and summary.stage("setup_wait"):
+            shown.append("setup_wait")
+        shown.append(name)
+        if name == "scoring" and summary.stage("stop"):
+            shown.append("stop")
+    return shown
+
 
 ROLLOUT_METRICS: tuple[Metric, ...] = (
     *STAGE_METRICS,
@@ -67,7 +99,7 @@ ROLLOUT_METRICS: tuple[Metric, ...] = (
 def sampled(metrics: Iterable[Metric]) -> list[Metric]:
     """The metrics whose samples `Progress` collects: not stages (those are durations), not
     whole-run values."""
-    stages = set(SUMMARY_STAGES)
+    stages = {*SUMMARY_STAGES, *RUNTIME_DURATIONS}
     return [m for m in metrics if m.name not in stages and m.value is not None]
 
 

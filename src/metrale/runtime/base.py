@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, Self, runtime_checkable
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from metrale.errors import UsageError
 
@@ -52,6 +52,9 @@ class RuntimeConfig(BaseModel):
     output_cap_bytes: int = 1 << 20
     start_rate: float | None = None
     """Sandbox creations per second across one run (None: unthrottled); waiting counts as setup."""
+    start_limit: int | None = Field(default=None, ge=0)
+    """Sandbox starts in flight at once (None: adaptive to the start latency, from twice the
+    cores; 0: no bound); waiting for a slot is the rollout's `setup_wait`, part of setup."""
 
     def create(self, throttle: RateLimiter | None = None) -> Runtime:
         """A new, not yet started runtime of this config (its module imported only now)."""

@@ -26,8 +26,9 @@ What holds, and how:
 - **Bounded by default**: total memory and processes by a cgroup per sandbox where the host has
   one (`cgroups`), `/tmp` and `/dev/shm` by tmpfs size, CPU time and file size by rlimits.
   `/work` is host disk bounded only per file (RLIMIT_FSIZE); see the README's table.
-- **Every exit path stops it**: bwrap is spawned with a race-free parent-death signal
-  (`die_with_us`), so a SIGKILLed metrale takes it along; `stop()` kills synchronously, and
+- **Every exit path stops it**: bwrap is started through `setpriv --pdeathsig KILL` and a
+  shell that checks its parent is still metrale after the signal is armed (`as_uid`), so a
+  SIGKILLed metrale takes it along, with no window; `stop()` kills synchronously, and
   finishes waiting, cgroup removal and rmtree even when the awaiting task is cancelled.
 
 Each `run()` enters those namespaces with `nsenter` as uid 1000 of the sandbox's user namespace,
@@ -78,7 +79,7 @@ from metrale.runtime.bwrap_setup import (
 from metrale.runtime.bwrap_watchdog import ensure_watchdog, owner_prefix
 from metrale.runtime.cgroups import SandboxCgroup
 from metrale.runtime.configs import BwrapConfig
-from metrale.runtime.procs import die_with_us, killpg, run_process, spawned
+from metrale.runtime.procs import killpg, run_process, spawned
 from metrale.runtime.sandbox_proc import SandboxProcess, close_all
 
 __all__ = [
@@ -211,8 +212,10 @@ class BwrapRuntime(RuntimeBase):
         )
         read_fd, write_fd = os.pipe()
         argv = self.bwrap_argv(write_fd, binds)
-        if privileged():
-            argv = [*stage_argv(staging), *as_uid(self.host_uid, os.getpid()), *argv]
+        # every step execs in place (metrale stays the parent) and the last checks that it
+        # still is, after the death signal is armed: no preexec_fn, so no fork() on the loop
+        uid = self.host_uid if privileged() else None
+        argv = [*stage_argv(staging), *as_uid(uid, os.getpid()), *argv]
         if self._cgroup is not None:
             argv = self._cgroup.wrap(argv)
         try:
@@ -226,7 +229,6 @@ class BwrapRuntime(RuntimeBase):
                     start_new_session=True,
                     env=SPAWN_ENV,
                     cwd="/",  # a shell on the way would put metrale's cwd into PWD
-                    preexec_fn=die_with_us(),
                 ),
                 lambda proc: proc.pid,
                 lambda proc: setattr(self, "_proc", proc),  # so that stop() tears it down

@@ -1,0 +1,123 @@
+"""What metrale itself costs: gsm8k x1,024 against a 1 s sim, side by side with a raw client.
+
+Each pair, interleaved, against one `metrale sim --ttft 1.0` process:
+
+- **raw**: a bare asyncio client in this script, making the same calls metrale makes (1,024
+  streamed chat completions at once, one connection each, reading every SSE event to `[DONE]`):
+  wall clock from the first request sent to the last stream ended;
+- **metrale**: `metrale run gsm8k --rollouts 1024 --max-tokens 16 --no-preflight` in its own
+  process: the rollouts phase (`e2e_s` of result.json), the whole process, and its **start-up**:
+  process start to the first rollout's request (the earliest generation start in the records,
+  by the wall clock both processes share).
+
+Targets (issue 14): metrale's rollouts phase <= 1.10 x raw (median of the pairs); start-up <=
+300 ms.
+
+    python benchmarks/harness_cost.py --rollouts 1024 --pairs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from _harness import machine, sim
+
+
+async def one_call(host: str, port: int, path: str, body: bytes) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        writer.write(head.encode() + body)
+        await writer.drain()
+        status = await reader.readline()
+        if b" 200 " not in status:
+            raise RuntimeError(f"raw client: {status!r}")
+        while (await reader.readline()) not in (b"\r\n", b""):
+            pass  # headers
+        while True:  # chunked SSE until the [DONE] event
+            line = await reader.readline()
+            if not line or b"[DONE]" in line:
+                break
+    finally:
+        writer.close()
+
+
+async def raw_client(url: str, n: int) -> float:
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    path = parts.path.rstrip("/") + "/chat/completions"
+    bodies = [
+        json.dumps({
+            "model": "metrale-sim", "stream": True, "max_tokens": 16, "temperature": 0.0,
+            "seed": i, "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": f"question {i}"}],
+        }).encode()
+        for i in range(n)
+    ]  # fmt: skip
+    started = time.perf_counter()
+    await asyncio.gather(*(one_call(host, port, path, b) for b in bodies))
+    return time.perf_counter() - started
+
+
+def metrale_run(url: str, n: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run"
+        argv = [sys.executable, "-m", "metrale", "run", "gsm8k", "--target", url,
+                "--model", "metrale-sim", "--rollouts", str(n), "--max-tokens", "16",
+                "--no-preflight", "--out", str(out)]  # fmt: skip
+        wall0, started = time.time(), time.perf_counter()
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        process_s = time.perf_counter() - started
+        if proc.returncode != 0:
+            raise SystemExit(f"metrale failed: {proc.stderr[-1000:]}")
+        result = json.loads((out / "result.json").read_text())["result"]
+        first_call = min(
+            json.loads(line)["stages"]["generation"]["started_at"]
+            for line in (out / "rollouts.jsonl").read_text().splitlines()
+        )
+    return {
+        "metrale_s": result["metrics"]["e2e_s"],
+        "process_s": process_s,
+        "startup_s": first_call - wall0,
+        "errors": result["metrics"]["errors"],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rollouts", type=int, default=1024)
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--latency", type=float, default=1.0)
+    args = ap.parse_args()
+    rows = []
+    with sim("--ttft", str(args.latency), "--output-tokens", "16") as url:
+        asyncio.run(raw_client(url, 16))  # warm the sim
+        for i in range(args.pairs):
+            raw_s = asyncio.run(raw_client(url, args.rollouts))
+            row = {"raw_s": raw_s, **metrale_run(url, args.rollouts)}
+            row["ratio"] = row["metrale_s"] / raw_s
+            rows.append(row)
+            print(f"pair {i}: " + json.dumps({k: round(v, 3) for k, v in row.items()}), flush=True)
+    med = {k: round(statistics.median(r[k] for r in rows), 3) for k in rows[0]}
+    print("median: " + json.dumps(med))
+    print(f"targets: rollouts phase / raw {med['ratio']} (<= 1.10); "
+          f"start-up {med['startup_s'] * 1000:.0f} ms (<= 300 ms)")  # fmt: skip
+    print(machine() + f", load {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,70 @@
+"""Stop is fast and complete: a gsm8k run of 128 bwrap sandboxes, unbounded, leaves no bwrap,
+no workdir and no cgroup of its own 1 s after the process exits, and reports its stop time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from metrale.runtime.bwrap_setup import WORKDIR_PREFIX, leftover_cgroups, leftover_workdirs
+from tests.conftest import start_sim
+from tests.runtime.conftest import HAVE_BWRAP
+
+pytestmark = pytest.mark.skipif(not HAVE_BWRAP, reason="bwrap not installed")
+
+
+def processes_naming(prefix: str, watchdog: bool = False) -> list[int]:
+    """Live processes whose command line names `prefix` (a run's sandbox workdirs): its
+    sandboxes, or (`watchdog`) the run's SIGKILL backstop, which sweeps for 4 s after exit."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if prefix.encode() in cmdline and (b"pidfd_open" in cmdline) == watchdog:
+            found.append(int(pid))
+    return found
+
+
+def test_128_sandboxes_are_all_gone_1s_after_exit(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with start_sim("--ttft", "0.2", "--output-tokens", "8") as sim:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "metrale", "run", "gsm8k", "--target", sim.url,
+             "--runtime", "bwrap", "--rollouts", "128", "--max-tokens", "8", "--no-preflight",
+             "--out", str(out)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        prefix = f"{WORKDIR_PREFIX}{proc.pid}-"
+        seen_alive = 0
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and time.monotonic() < deadline:
+            seen_alive = max(seen_alive, len(processes_naming(prefix)))
+            time.sleep(0.05)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert seen_alive > 0  # the scan does see this run's sandboxes while they live
+    time.sleep(1.0)
+    assert processes_naming(prefix) == []
+    for _ in range(100):  # the watchdog's last sweep is 4 s after the exit: bounded, not waited
+        if not processes_naming(prefix, watchdog=True):
+            break
+        time.sleep(0.1)
+    assert processes_naming(prefix, watchdog=True) == []
+    assert [p for p in leftover_workdirs() if p.name.startswith(prefix)] == []
+    assert [p for p in leftover_cgroups() if p.name.startswith(prefix)] == []
+    result = json.loads((out / "result.json").read_text())["result"]
+    assert result["metrics"]["errors"] == 0
+    assert result["metrics"]["stop"] is not None and result["metrics"]["stop"] > 0
+    assert result["metrics"]["setup_wait"] is not None
+    records = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert len(records) == 128 and all(r["stop_s"] is not None for r in records)
