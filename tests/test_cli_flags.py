@@ -197,11 +197,10 @@ def test_matrix_keeps_a_str_parameter_whole_and_a_bool_may_be_a_bare_flag(
 
 # --------------------------------------------------------------------------- needs_model False
 
-#: A benchmark that calls no model with agent=oracle (as terminal_bench's oracle agent will):
-#: registered by patching `metrale.plugin.discover` in the `metrale` process the test starts.
+#: A benchmark that calls no model with agent=oracle (as terminal_bench's oracle agent does),
+#: registered as any third-party benchmark is: an entry point of an installed distribution
+#: (a dist-info directory on the `metrale` process's path).
 FAKE_BENCH = """
-import sys
-from metrale import plugin
 from metrale.plugin import Descriptor, ParamSpec
 from metrale.rollout import RolloutBenchmark
 
@@ -230,27 +229,27 @@ class NoModel(RolloutBenchmark):
 
     def make_task(self, index):
         return Task()
-
-
-_found = plugin.discover
-plugin.discover = lambda: {**_found(), "nomodel": NoModel}
-from metrale.cli import main
-
-sys.exit(main(sys.argv[1:]))
 """
 
 
 @pytest.fixture
 def fake_cli(tmp_path: Path):  # type: ignore[no-untyped-def]
-    script = tmp_path / "fake_metrale.py"
-    script.write_text(textwrap.dedent(FAKE_BENCH))
+    site = tmp_path / "site"
+    (site / "nomodel_bench-0.1.dist-info").mkdir(parents=True)
+    (site / "nomodel_bench.py").write_text(textwrap.dedent(FAKE_BENCH))
+    info = site / "nomodel_bench-0.1.dist-info"
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: nomodel-bench\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[metrale.benchmarks]\nnomodel = nomodel_bench:NoModel\n"
+    )
     import subprocess
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        path = [str(site), str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
         return subprocess.run(
-            [sys.executable, str(script), *args], capture_output=True, text=True, timeout=120,
-            cwd=tmp_path, env=env,
+            [sys.executable, "-m", "metrale", *args], capture_output=True, text=True,
+            timeout=120, cwd=tmp_path, env=env,
         )  # fmt: skip
 
     return run
