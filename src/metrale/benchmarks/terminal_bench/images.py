@@ -161,7 +161,8 @@ def _rewrite_from(text: str, base_ids: Mapping[str, str]) -> str:
 
 def _context_tar(task: HarborTask, dockerfile: str) -> bytes:
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as archive:
+    # GNU format: podman's build endpoint reads no file from a PAX archive's Dockerfile
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as archive:
         root = task.environment_dir
         for path in sorted(root.rglob("*")):
             rel = path.relative_to(root).as_posix()
