@@ -20,7 +20,8 @@ from metrale.benchmarks.terminal_bench.verifier import copy_dir, keep
 from metrale.runtime.base import Runtime
 
 SOLUTION_DIR = "/solution"
-AGENTS = ("model", "oracle")
+#: `nop` does nothing (Harbor's name): a task's tests must fail it, or they prove nothing.
+AGENTS = ("model", "oracle", "nop")
 
 
 class AgentTimeout(Exception):
@@ -57,6 +58,10 @@ async def run_oracle(
         exit_code=result.exit_code,
         output=keep(result.stdout + result.stderr),
     )
+
+
+def nop_outcome() -> AgentOutcome:
+    return AgentOutcome(agent="nop", timed_out=False, duration_s=0.0)
 
 
 async def run_model(

@@ -141,7 +141,7 @@ def load_task(spec: str) -> HarborTask:
     dockerfile = None
     if dockerfile_path.is_file():
         dockerfile = parse_dockerfile(read_user_file(dockerfile_path, "task Dockerfile"))
-        if not dockerfile.bases:
+        if not re.search(r"^\s*FROM\s", dockerfile.text, re.IGNORECASE | re.MULTILINE):
             raise UsageError(f"{dockerfile_path}: no FROM line")
     elif environment.docker_image is None:
         raise UsageError(
