@@ -231,6 +231,7 @@ async def export_rootfs(image: TaskImage, cli: str) -> Path:
         image.rootfs, image.export_s = target, 0.0
         return target
     started = time.perf_counter()
+    await prune_rootfs(cli, keep=target.name)
     lock = await asyncio.to_thread(_lock, cache / f"{target.name}.lock")
     try:
         if not done.exists():
@@ -240,6 +241,31 @@ async def export_rootfs(image: TaskImage, cli: str) -> Path:
         os.close(lock)
     image.rootfs, image.export_s = target, time.perf_counter() - started
     return target
+
+
+async def prune_rootfs(cli: str, *, keep: str) -> list[Path]:
+    """Remove exported roots whose image the engine no longer has (each is a few hundred MB;
+    a task edited ten times would otherwise keep ten). Returns what it removed."""
+    code, out, _ = await _cli(cli, "images", "-q", "--no-trunc")
+    if code != 0:
+        return []
+    present = {line.strip().removeprefix("sha256:")[:32] for line in out.decode().splitlines()}
+    removed: list[Path] = []
+    for marker in rootfs_cache().glob("*.complete"):
+        name = marker.name.removesuffix(".complete")
+        if name == keep or name in present:
+            continue
+        await asyncio.to_thread(remove_rootfs, rootfs_cache() / name)
+        removed.append(rootfs_cache() / name)
+    return removed
+
+
+def remove_rootfs(path: Path) -> None:
+    """Blocking: an exported root, its marker and lock (the marker first: never half a root
+    that looks complete)."""
+    path.with_name(path.name + ".complete").unlink(missing_ok=True)
+    shutil.rmtree(path, ignore_errors=True)
+    path.with_name(path.name + ".lock").unlink(missing_ok=True)
 
 
 def _lock(path: Path) -> int:
