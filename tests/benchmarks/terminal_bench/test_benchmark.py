@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.benchmarks.terminal_bench.helpers import DOCKERFILE, RIGHT, TEST, WRONG, write_task
+from tests.benchmarks.terminal_bench.helpers import DOCKERFILE, RIGHT, WRONG, write_task
 from tests.conftest import start_sim
 from tests.runtime.conftest import HAVE_BWRAP
 from tests.runtime.engine import labelled_containers, require_engine
