@@ -501,8 +501,11 @@ def cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
             runtime=runtime,
             runtime_retries=args.retries_runtime,
         )
-        runner.prepare(request)  # bad parameters fail before a server starts
+        bench, _ = runner.prepare(request)  # bad parameters fail before a server starts
         runner.check_run_dir(request)  # so does a run directory that must not be written
+        if not bench.needs_model():  # e.g. terminal_bench's oracle: no target, no probe
+            request.target = None
+            return await runner.run(request)
         async with open_target(args) as target:
             request.target = target
             return await runner.run(request)
@@ -687,6 +690,16 @@ def add_matrix_commands(sub: Any) -> None:
     cmp_.set_defaults(handler=cmd_compare)
 
 
+def needs_model(benchmark: str, cell: Any) -> bool:
+    """Whether `benchmark`, configured as `cell`, calls a model (`Benchmark.needs_model`)."""
+    from metrale.matrix.execute import cell_params
+    from metrale.plugin import get_benchmark
+
+    bench = get_benchmark(benchmark)()
+    bench.configure(cell_params(cell))
+    return bench.needs_model()
+
+
 def cmd_matrix(args: argparse.Namespace, extra: Sequence[str]) -> int:
     from metrale.errors import EXIT_RUN_FAILED
     from metrale.matrix import plan_sweep, run_sweep
@@ -705,6 +718,9 @@ def cmd_matrix(args: argparse.Namespace, extra: Sequence[str]) -> int:
         async with contextlib.AsyncExitStack() as stack:
             targets = {}
             for tier in dict.fromkeys(c.tier for c in cells):
+                if not any(needs_model(plan.sweep.benchmark, c) for c in cells if c.tier == tier):
+                    targets[tier.name] = None  # no cell of it calls a model: none is opened
+                    continue
                 tier_args = argparse.Namespace(
                     **{**vars(args), "target": tier.target, "model": tier.model}
                 )

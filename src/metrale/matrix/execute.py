@@ -119,7 +119,7 @@ def cell_params(cell: Cell) -> dict[str, object]:
 
 async def run_sweep(
     plan: SweepPlan,
-    targets: Mapping[str, Target],
+    targets: Mapping[str, Target | None],
     *,
     client_options: ClientOptions | None = None,
     preflight: bool = True,
@@ -192,8 +192,8 @@ async def run_cell(cell: Cell, request: runner.RunRequest) -> CellResult:
         rollouts=cell.rollouts,
         max_concurrent=cell.max_concurrent,
         params=dict(cell.params),
-        target=request.target.base_url,
-        model=request.target.model,
+        target=request.target.base_url if request.target is not None else "",
+        model=request.target.model if request.target is not None else "",
         started_at=datetime.now(UTC).isoformat(),
         run_dir=str(request.out),
     )

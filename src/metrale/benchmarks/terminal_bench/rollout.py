@@ -17,12 +17,11 @@ has scored what the agent left.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from metrale.agent import AgentConfig, Chat
+from metrale.agent import AgentConfig
 from metrale.benchmarks.terminal_bench.agents import (
     AgentOutcome,
     AgentTimeout,
@@ -55,8 +54,6 @@ class TaskRun:
     image: TaskImage | None = None
     build_error: Exception | None = None
     transcripts: Path | None = None
-    client: Callable[[], Chat] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def workdir(self, config: RuntimeConfig | None = None) -> str | None:
         inner = config.inner if isinstance(config, RayConfig) else config
@@ -128,10 +125,10 @@ class TaskRollout:
                 runtime, run.task, workdir=workdir, timeout_s=run.agent_timeout_s
             )
         else:
-            assert run.client is not None
+            assert ctx.client is not None, "agent=model needs the run's chat client"
             transcript = run.transcripts / f"{self.index}.jsonl" if run.transcripts else None
             self.outcome = await run_model(
-                runtime, run.task, run.client(), run.agent_config, workdir=workdir,
+                runtime, run.task, ctx.client, run.agent_config, workdir=workdir,
                 timeout_s=run.agent_timeout_s, transcript=transcript,
             )  # fmt: skip
         fill_agent(ctx, self.outcome)

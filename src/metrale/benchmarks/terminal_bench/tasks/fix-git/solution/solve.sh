@@ -3,7 +3,8 @@
 # keeping both sides' changes, commit.
 set -euo pipefail
 cd /app/site
-lost=$(git reflog --format=%gs | grep -m1 -oE 'moving from [0-9a-f]{40} to master' | awk '{print $3}')
+# awk reads the whole reflog (an early exit, as grep -m1's, would SIGPIPE git under pipefail)
+lost=$(git reflog --format=%gs | awk '!found && /^checkout: moving from [0-9a-f]+ to master$/ {print $4; found = 1}')
 [ -n "$lost" ] || { echo "no detached HEAD found in the reflog" >&2; exit 1; }
 if git merge --no-edit "$lost"; then
     echo "merged without conflict"

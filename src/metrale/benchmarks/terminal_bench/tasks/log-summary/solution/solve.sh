@@ -15,8 +15,8 @@ END {
     printf "requests: %d\nunique_ips: %d\n", n, length(ip)
     for (c = 2; c <= 5; c++) printf "status_%dxx: %d\n", c, class[c] + 0
     printf "bytes_total: %d\ntop_paths:\n", bytes
-    for (p in paths) print paths[p], p | "sort -k1,1nr -k2,2 | head -n 3 | sed \"s/^/  /\" > /tmp/top"
-    close("sort -k1,1nr -k2,2 | head -n 3 | sed \"s/^/  /\" > /tmp/top")
+    for (p in paths) print paths[p], p | "sort -k1,1nr -k2,2 | sed -n \"1,3s/^/  /p\" > /tmp/top"
+    close("sort -k1,1nr -k2,2 | sed -n \"1,3s/^/  /p\" > /tmp/top")
     while ((getline line < "/tmp/top") > 0) print line
     best = -1
     for (h = 0; h < 24; h++) { k = sprintf("%02d", h); if (hour[k] > best) { best = hour[k]; bh = k } }
