@@ -190,8 +190,10 @@ def test_the_oracle_matrix_over_docker_and_bwrap_writes_8_cells_of_reward_1(
         assert data["errors"] == 0 and data["reward_mean"] == 1.0, cell.name
     _, report = metrale("report", str(out))
     assert report.returncode == 0, report.stderr
-    rows = [line for line in report.stdout.splitlines() if "terminal_bench" in line]
-    assert len(rows) == 8, report.stdout
+    names = {f"{rt}-r{n}{c}" for rt in ("docker", "bwrap") for n in (4, 8) for c in ("", "-c4")}
+    assert {c.stem for c in cells} == names
+    rows = [line.split("|")[1].strip() for line in report.stdout.splitlines()[2:]]
+    assert sorted(rows) == sorted(names), report.stdout
 
 
 def test_the_model_agent_solves_fix_git_from_a_recorded_trajectory(tmp_path: Path) -> None:

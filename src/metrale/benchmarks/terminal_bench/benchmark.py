@@ -104,6 +104,9 @@ class TerminalBenchBenchmark(RolloutBenchmark):
     def runtime_choice(self, runtime: RuntimeConfig | None) -> RuntimeConfig | None:
         chosen = super().runtime_choice(runtime)
         once.check_runtime(chosen)
+        if chosen is not None and self.task_run is not None:  # configured (a run, a cell)
+            # before any work: an engine that answers, and every base image present locally
+            once.check_engine(self.task_run, self.values, chosen)
         return chosen
 
     async def prepare(self, handle: PluginHandle) -> None:

@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import tarfile
 import time
 from collections.abc import Mapping
@@ -130,22 +131,45 @@ async def inspect(cli: str, image: str) -> dict | None:
 async def resolve_bases(task: HarborTask, cli: str, mapping: Mapping[str, str]) -> dict[str, str]:
     """Each `FROM` image of the task (or its `docker_image`) -> the id of the local image it
     runs on. One that is absent is a UsageError naming it and the option that maps it."""
-    wanted = [task.environment.docker_image] if task.environment.docker_image else []
-    if not wanted and task.dockerfile is not None:
-        wanted = list(task.dockerfile.bases)
     resolved: dict[str, str] = {}
-    for name in dict.fromkeys(wanted):
+    for name in _wanted(task):
         local = mapping.get(name) or BUILTIN_BASES.get(name) or name
         info = await inspect(cli, local)
         if info is None:
-            via = f" (mapped to {local!r}, which is not there either)" if local != name else ""
-            raise UsageError(
-                f"task {task.name}: image {name!r}{via} is not present locally and metrale "
-                f"never pulls; map it to a local image with {BASE_IMAGE_OPTION} "
-                f"(-p base_image={name}=LOCAL), or build it first"
-            )
+            raise _absent(task, name, local)
         resolved[name] = str(info["Id"])
     return resolved
+
+
+def check_bases(task: HarborTask, cli: str, mapping: Mapping[str, str]) -> None:
+    """Blocking `resolve_bases`, for the checks made before a run starts (one line, exit 2);
+    it may be called from inside the event loop's thread, so it never runs a loop itself."""
+    for name in _wanted(task):
+        local = mapping.get(name) or BUILTIN_BASES.get(name) or name
+        try:
+            probe = subprocess.run(
+                [cli, "image", "inspect", "--format", "{{.Id}}", local],
+                capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise UsageError(f"cannot ask {cli!r} for image {local!r}: {exc}") from None
+        if probe.returncode != 0:
+            raise _absent(task, name, local)
+
+
+def _wanted(task: HarborTask) -> list[str]:
+    if task.environment.docker_image:
+        return [task.environment.docker_image]
+    return list(dict.fromkeys(task.dockerfile.bases)) if task.dockerfile else []
+
+
+def _absent(task: HarborTask, name: str, local: str) -> UsageError:
+    via = f" (mapped to {local!r}, which is not there either)" if local != name else ""
+    return UsageError(
+        f"task {task.name}: image {name!r}{via} is not present locally and metrale never "
+        f"pulls; map it to a local image with {BASE_IMAGE_OPTION} "
+        f"(-p base_image={name}=LOCAL), or build it first"
+    )
 
 
 def _rewrite_from(text: str, base_ids: Mapping[str, str]) -> str:

@@ -9,7 +9,6 @@ base image that is wrong is the user's mistake: `UsageError`, before any work.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,6 +16,7 @@ from metrale.agent import DEFAULT_SYSTEM_PROMPT, AgentConfig
 from metrale.benchmarks.terminal_bench.agents import AGENTS
 from metrale.benchmarks.terminal_bench.images import (
     ImageBuildError,
+    check_bases,
     ensure_image,
     export_rootfs,
     parse_base_images,
@@ -99,6 +99,14 @@ def task_run(values: Mapping[str, Any], *, max_tokens: int | None = 4096) -> Tas
     )
 
 
+def check_engine(run: TaskRun, values: Mapping[str, Any], config: RuntimeConfig) -> None:
+    """Blocking, before any work: the engine that builds images answers, and every base image
+    of the task is present locally (each a UsageError naming what is missing and the fix)."""
+    cli = engine_cli(config)
+    check_docker(DockerConfig(cli=cli))
+    check_bases(run.task, cli, parse_base_images(values.get("base_image")))
+
+
 async def build(
     run: TaskRun,
     values: Mapping[str, Any],
@@ -108,9 +116,6 @@ async def build(
     """The task's image (and for bwrap its exported root) onto `run`; a failed build is kept
     on `run.build_error`. Absent base images raise UsageError (nothing has started yet)."""
     cli = engine_cli(config)
-    # images are built by a container engine whatever the runtime: one line naming what is
-    # missing (CLI, engine, base image) and how to bring it up
-    await asyncio.to_thread(check_docker, DockerConfig(cli=cli))
     mapping = parse_base_images(values.get("base_image"))
     timeout = float(values.get("build_timeout_s") or run.task.environment.build_timeout_s)
     try:
