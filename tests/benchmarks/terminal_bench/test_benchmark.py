@@ -213,3 +213,21 @@ def test_the_model_agent_solves_fix_git_from_a_recorded_trajectory(tmp_path: Pat
     ]
     assert transcript[1]["content"].startswith("I keep a small static website")
     assert any(m["role"] == "tool" and "CONFLICT" in m["content"] for m in transcript)
+
+
+def test_reward_json_named_rewards_are_kept_and_an_ambiguous_one_is_bad(tmp_path: Path) -> None:
+    named = (
+        '#!/bin/bash\nmkdir -p /logs/verifier\necho \'{"reward": 0.5, "style": 1}\' > '
+        "/logs/verifier/reward.json\n"
+    )
+    two = (
+        '#!/bin/bash\nmkdir -p /logs/verifier\necho \'{"a": 1, "b": 0}\' > '
+        "/logs/verifier/reward.json\n"
+    )
+    done = run_task(write_task(tmp_path / "a", test=named), tmp_path / "named",
+                    "--runtime", "docker")  # fmt: skip
+    assert [r["reward"] for r in done["records"]] == [0.5]
+    assert done["records"][0]["metrics"]["rewards"] == {"reward": 0.5, "style": 1.0}
+    bad = run_task(write_task(tmp_path / "b", test=two), tmp_path / "two", "--runtime", "docker")
+    assert bad["records"][0]["error"]["type"] == "bad_reward"
+    assert "a, b" in bad["records"][0]["error"]["message"]

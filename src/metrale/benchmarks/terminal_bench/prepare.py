@@ -67,8 +67,13 @@ def check_runtime(config: RuntimeConfig | None) -> None:
     if config is None:
         raise UsageError(f"terminal_bench needs a runtime; accepted: {', '.join(RUNTIMES)}")
     inner = config.inner if isinstance(config, RayConfig) else config
-    if config.type == "subprocess" or inner.type == "subprocess":
+    if config.type == "subprocess":
         raise UsageError(SUBPROCESS_REFUSED)
+    if inner.type == "subprocess":
+        raise UsageError(
+            "terminal_bench does not run under ray over subprocess (the default --ray-inner): "
+            "a task needs its own image's file system; accepted: --ray-inner bwrap"
+        )
     if not isinstance(inner, BwrapConfig | DockerConfig):
         raise UsageError(f"terminal_bench: runtime {config.type!r} is not accepted; "
                          f"accepted: {', '.join(RUNTIMES)}")  # fmt: skip

@@ -24,6 +24,13 @@ REWARD_DIR = "/logs/verifier"
 OUTPUT_KEEP_CHARS = 4000
 
 
+class SandboxIOError(OSError):
+    """Files could not be put into the sandbox, or a preparing command failed there (an engine
+    that lost an exec session under load, a full disk): the rollout's fault, not the run's."""
+
+    kind = "sandbox_io"
+
+
 class VerifierTimeout(Exception):
     kind = "verifier_timeout"
 
@@ -68,11 +75,17 @@ async def copy_dir(runtime: Runtime, src: Path, dest: str) -> None:
     executables: list[str] = []
     for rel, data, executable in await asyncio.to_thread(_files, src):
         target = f"{dest}/{rel}"
-        await runtime.write(target, data)
+        try:
+            await runtime.write(target, data)
+        except OSError as exc:
+            raise SandboxIOError(f"cannot copy {src.name}/{rel} to {target}: {exc}") from exc
         if executable:
             executables.append(target)
     if executables:
-        await runtime.run(["chmod", "+x", "--", *executables], timeout=60)
+        done = await runtime.run(["chmod", "+x", "--", *executables], timeout=60)
+        if done.exit_code != 0:
+            why = (done.stderr.strip() or f"exit {done.exit_code}")[:300]
+            raise SandboxIOError(f"cannot make {src.name}/'s scripts executable: {why}")
 
 
 async def reset(runtime: Runtime) -> None:
@@ -83,7 +96,8 @@ async def reset(runtime: Runtime) -> None:
     )
     result = await runtime.run(script, timeout=60)
     if result.exit_code != 0:
-        raise OSError(f"cannot prepare {TESTS_DIR} for the verifier: {result.stderr.strip()}")
+        why = (result.stderr.strip() or f"exit {result.exit_code}")[:300]
+        raise SandboxIOError(f"cannot prepare {TESTS_DIR} for the verifier: {why}")
 
 
 async def verify(
