@@ -155,12 +155,23 @@ def test_bad_task_dirs_exit_2_with_one_line(tmp_path: Path, how: str, expected: 
         assert "--base-image NAME=LOCAL" in lines[0]
 
 
-def test_subprocess_is_refused_in_one_line_saying_why(tmp_path: Path) -> None:
-    _, done = metrale("run", "terminal_bench", "-p", "agent=oracle", "--runtime", "subprocess",
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--runtime", "subprocess"], "container"),
+        (["--runtime", "ray", "--ray-address", "local"], "--ray-inner bwrap"),
+        (["--runtime", "docker", "--image", "debian:bookworm"], "--image debian:bookworm"),
+    ],
+)
+def test_runtimes_a_task_cannot_use_are_refused_in_one_line(
+    tmp_path: Path, flags: list[str], said: str
+) -> None:
+    _, done = metrale("run", "terminal_bench", "-p", "agent=oracle", *flags,
                       "--out", str(tmp_path / "run"))  # fmt: skip
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "subprocess" in lines[0] and "container" in lines[0], lines
+    assert len(lines) == 1 and said in lines[0], lines
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_base_image_mapping_builds_from_the_local_image(tmp_path: Path) -> None:

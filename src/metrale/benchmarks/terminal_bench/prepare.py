@@ -26,7 +26,13 @@ from metrale.benchmarks.terminal_bench.task import load_task
 from metrale.errors import UsageError
 from metrale.plugin import ParamSpec
 from metrale.runtime.base import RuntimeConfig
-from metrale.runtime.configs import BwrapConfig, DockerConfig, RayConfig, check_docker
+from metrale.runtime.configs import (
+    DEFAULT_IMAGE,
+    BwrapConfig,
+    DockerConfig,
+    RayConfig,
+    check_docker,
+)
 
 #: Runtimes a task can run in: it needs its image's file system, which only these provide.
 RUNTIMES = ("docker", "bwrap", "ray")
@@ -73,6 +79,12 @@ def check_runtime(config: RuntimeConfig | None) -> None:
         raise UsageError(
             "terminal_bench does not run under ray over subprocess (the default --ray-inner): "
             "a task needs its own image's file system; accepted: --ray-inner bwrap"
+        )
+    if isinstance(inner, DockerConfig) and inner.image != DEFAULT_IMAGE:
+        raise UsageError(
+            f"terminal_bench runs each task in the image built from its own Dockerfile, so "
+            f"--image {inner.image} does not apply; accepted: --base-image NAME=LOCAL to build "
+            "a task's FROM image on a local one"
         )
     if not isinstance(inner, BwrapConfig | DockerConfig):
         raise UsageError(f"terminal_bench: runtime {config.type!r} is not accepted; "
