@@ -55,3 +55,39 @@ def marker() -> Iterator[str]:
         with contextlib.suppress(OSError):
             os.kill(pid, 9)
     assert not left, f"processes left behind: {left}"
+
+
+@pytest.fixture(scope="session")
+def image_root() -> str:
+    """The base image's root file system exported for bwrap's `root` (once; cached by image
+    id under ~/.cache/metrale/rootfs), as terminal_bench exports a task image's."""
+    import asyncio
+
+    from metrale.benchmarks.terminal_bench.images import TaskImage, export_rootfs, inspect
+    from metrale.runtime.configs import DEFAULT_IMAGE
+    from tests.runtime.engine import require_engine
+
+    require_engine()
+
+    async def export() -> str:
+        info = await inspect("docker", DEFAULT_IMAGE)
+        assert info is not None
+        image = TaskImage(
+            tag=DEFAULT_IMAGE,
+            image_id=str(info["Id"]).removeprefix("sha256:"),
+            cached=True,
+            build_s=0.0,
+            workdir=None,
+        )
+        return str(await export_rootfs(image, "docker"))
+
+    return asyncio.run(export())
+
+
+@pytest.fixture(params=["host", "image-root"])
+def bwrap_root(request: pytest.FixtureRequest) -> dict[str, str]:
+    """bwrap options for the two ways a sandbox sees a system: the host's directories, or an
+    exported image's root (terminal_bench's tasks): every hardening test runs under both."""
+    if request.param == "host":
+        return {}
+    return {"root": request.getfixturevalue("image_root")}

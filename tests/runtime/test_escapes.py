@@ -49,10 +49,13 @@ def in_runtime(name: str, body: Callable[[Runtime], Awaitable[Any]], **options: 
     return asyncio.run(main())
 
 
-@pytest.mark.parametrize("name", ["subprocess", "bwrap"])
+@pytest.mark.parametrize("name", ["subprocess", "bwrap", "bwrap-image-root"])
 def test_no_variable_of_metrales_environment_is_readable_inside(
-    name: str, marker: str, monkeypatch: pytest.MonkeyPatch
+    name: str, marker: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
+    options: dict[str, Any] = {}
+    if name == "bwrap-image-root":
+        name, options = "bwrap", {"root": request.getfixturevalue("image_root")}
     for key in SECRETS:
         monkeypatch.setenv(key, f"planted-{key}-{marker}")
     monkeypatch.setenv("GIVEN", f"given-{marker}")
@@ -69,7 +72,7 @@ def test_no_variable_of_metrales_environment_is_readable_inside(
         assert result.exit_code == 0
         return result.stdout
 
-    seen = in_runtime(name, body, env={"GIVEN": os.environ["GIVEN"], "ALSO": "x"})
+    seen = in_runtime(name, body, env={"GIVEN": os.environ["GIVEN"], "ALSO": "x"}, **options)
     leaked = [key for key in SECRETS if f"planted-{key}-{marker}" in seen]
     assert not leaked, f"readable inside the {name} sandbox: {leaked}"
     assert f"given-{marker}" in seen  # what is passed explicitly does arrive
@@ -103,7 +106,9 @@ def _euid_on_host_as_nobody(binary: Path) -> str:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the root mapping exists only when metrale is root")
-def test_a_setuid_file_made_inside_gives_no_privilege_on_the_host(marker: str) -> None:
+def test_a_setuid_file_made_inside_gives_no_privilege_on_the_host(
+    marker: str, bwrap_root: dict[str, str]
+) -> None:
     shared = Path(tempfile.mkdtemp(prefix="metrale-test-bind-"))
     shared.chmod(0o755)  # so that uid 65534 can reach what the sandbox leaves there
     make = "cp /usr/bin/id {0} && chmod u+s,g+s {0} && ls -ln {0}"
@@ -120,7 +125,7 @@ def test_a_setuid_file_made_inside_gives_no_privilege_on_the_host(marker: str) -
                 assert st.st_uid == rt.host_uid
             assert _euid_on_host_as_nobody(shared / "idsu") != "0"
 
-        in_runtime("bwrap", body, rw_binds=[f"{shared}:/shared"])
+        in_runtime("bwrap", body, rw_binds=[f"{shared}:/shared"], **bwrap_root)
         kept = shared / "idsu"  # as agentic_webserver keeps sandboxes/<i>/work
         st = kept.stat()
         setuid_root = st.st_uid == 0 and st.st_mode & stat.S_ISUID
@@ -146,7 +151,9 @@ def _spawn_with_pid(pid: int, argv: list[str]) -> subprocess.Popen[bytes] | None
     return None
 
 
-def test_after_kill_all_inside_no_command_runs_anywhere(marker: str, tmp_path: Path) -> None:
+def test_after_kill_all_inside_no_command_runs_anywhere(
+    marker: str, bwrap_root: dict[str, str], tmp_path: Path
+) -> None:
     host_file = tmp_path / f"ran-on-host-{marker}"
     can_steer = os.access("/proc/sys/kernel/ns_last_pid", os.W_OK)
 
@@ -170,11 +177,13 @@ def test_after_kill_all_inside_no_command_runs_anywhere(marker: str, tmp_path: P
                 squatter.kill()
                 squatter.wait()
 
-    in_runtime("bwrap", body)
+    in_runtime("bwrap", body, **bwrap_root)
     assert not host_file.exists(), "a command after the sandbox died ran on the host"
 
 
-def test_a_racing_symlink_swap_cannot_steer_read_or_write_out(marker: str, tmp_path: Path) -> None:
+def test_a_racing_symlink_swap_cannot_steer_read_or_write_out(
+    marker: str, bwrap_root: dict[str, str], tmp_path: Path
+) -> None:
     secret = tmp_path / "host-secret"
     secret.write_text(f"host secret {marker}")
     created = tmp_path / f"created-{marker}"
@@ -203,12 +212,14 @@ def test_a_racing_symlink_swap_cannot_steer_read_or_write_out(marker: str, tmp_p
             assert not exists(created), f"a host file was created after {calls} calls"
         assert calls >= 100
 
-    in_runtime("bwrap", body)
+    in_runtime("bwrap", body, **bwrap_root)
     assert not created.exists()
     assert secret.read_text() == f"host secret {marker}"
 
 
-def test_six_200mb_processes_do_not_all_survive_a_256mb_sandbox(marker: str) -> None:
+def test_six_200mb_processes_do_not_all_survive_a_256mb_sandbox(
+    marker: str, bwrap_root: dict[str, str]
+) -> None:
     hog = "import time; x = b'x' * (200 << 20); time.sleep(4); print('survived')"
 
     async def body(rt: Runtime) -> None:
@@ -219,10 +230,10 @@ def test_six_200mb_processes_do_not_all_survive_a_256mb_sandbox(marker: str) -> 
         result = await rt.run(script, timeout=60)
         assert result.stdout.count("survived") < 6
 
-    in_runtime("bwrap", body, memory_mb=256)
+    in_runtime("bwrap", body, memory_mb=256, **bwrap_root)
 
 
-def test_tmp_and_dev_are_bounded_by_default(marker: str) -> None:
+def test_tmp_and_dev_are_bounded_by_default(marker: str, bwrap_root: dict[str, str]) -> None:
     async def body(rt: Runtime) -> None:
         fill = "for i in $(seq 20); do head -c 50M /dev/zero > /tmp/f$i || echo FULL$i; done"
         result = await rt.run(f"{fill}; du -sm /tmp # {marker}", timeout=120)
@@ -234,12 +245,14 @@ def test_tmp_and_dev_are_bounded_by_default(marker: str) -> None:
         dev = await rt.run("touch /dev/new && echo made")
         assert "made" not in dev.stdout
 
-    in_runtime("bwrap", body)
+    in_runtime("bwrap", body, **bwrap_root)
 
 
-def test_a_cancelled_stop_still_tears_everything_down(marker: str) -> None:
+def test_a_cancelled_stop_still_tears_everything_down(
+    marker: str, bwrap_root: dict[str, str]
+) -> None:
     async def main() -> None:
-        rt = create_runtime(runtime_config("bwrap"))
+        rt = create_runtime(runtime_config("bwrap", **bwrap_root))
         assert isinstance(rt, BwrapRuntime)
         await rt.start()
         await rt.run(f"sleep {marker} &")
@@ -263,7 +276,7 @@ KILLED_CHILD = """
 import asyncio, os, signal, sys
 from metrale.runtime import create_runtime, runtime_config
 async def one(i):
-    rt = create_runtime(runtime_config('bwrap'))
+    rt = create_runtime(runtime_config('bwrap', **{options}))
     await rt.start()
     await rt.run('sleep {marker} > /dev/null 2>&1 &')
     await asyncio.sleep(60)
@@ -276,8 +289,10 @@ asyncio.run(main(float(sys.argv[1])))
 """
 
 
-def test_a_sigkilled_metrale_leaves_no_sandbox_process(marker: str) -> None:
-    script = KILLED_CHILD.format(marker=marker)
+def test_a_sigkilled_metrale_leaves_no_sandbox_process(
+    marker: str, bwrap_root: dict[str, str]
+) -> None:
+    script = KILLED_CHILD.format(marker=marker, options=repr(bwrap_root))
     for attempt in range(10):
         # every sandbox's workdir, so its bwrap's command line, names this dir; o+x, so that
         # the sandboxes' own uid can reach their workdirs in it

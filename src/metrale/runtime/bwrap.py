@@ -132,17 +132,20 @@ class BwrapRuntime(RuntimeBase):
         cg = self._cgroup
         return {"memory": bool(cg and cg.bounds_memory), "pids": bool(cg and cg.bounds_pids)}
 
-    def bwrap_argv(self, status_fd: int, binds: _Binds) -> list[str]:
+    def bwrap_argv(self, status_fd: int, binds: _Binds, root: str | None = None) -> list[str]:
+        """`root`: where bwrap reaches `config.root` (its staging path, as root)."""
         cfg = self.config
         argv = ["bwrap", "--unshare-all", "--unshare-user"]
         if cfg.network:
             argv.append("--share-net")
         argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
         argv += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
-        argv += system_binds()
+        argv += system_binds(cfg.root, root)
         # /dev: bwrap's device nodes, read-only but for a sized /dev/shm; /tmp sized too
         argv += ["--proc", "/proc", "--dev", "/dev", *_tmpfs("/dev/shm", cfg.shm_mb)]
         argv += ["--remount-ro", "/dev", *_tmpfs("/tmp", cfg.tmp_mb)]
+        for path in cfg.scratch:
+            argv += _tmpfs(path, cfg.tmp_mb)
         argv += ["--bind", str(self.host_workdir), cfg.workdir]
         for src, dst, writable in binds:
             argv += ["--bind" if writable else "--ro-bind", src, dst]
@@ -155,15 +158,29 @@ class BwrapRuntime(RuntimeBase):
         argv += ["--json-status-fd", str(status_fd), "--", *READY_COMMAND]
         return argv
 
-    def _prepare(self) -> tuple[_Binds, list[tuple[str, str]]]:
-        """Blocking: the workdir and writable binds handed to the sandbox's uid, and (as
-        root) a staging path per bind. Returns bwrap's binds and root's staging pairs."""
+    def _prepare(self) -> tuple[_Binds, list[tuple[str, str]], str | None]:
+        """Blocking: the workdir (filled from `seed`) and writable binds handed to the
+        sandbox's uid, and (as root) a staging path per bind and for the image root. Returns
+        bwrap's binds, root's staging pairs and where bwrap reaches the image root."""
         assert self.workdir is not None
         os.chmod(self.workdir, 0o711)
-        self.host_workdir.mkdir(mode=0o700)
+        if self.config.seed is not None:
+            # symlinks copied as links: they resolve inside the sandbox, never on the host
+            shutil.copytree(self.config.seed, self.host_workdir, symlinks=True)
+            os.chmod(self.host_workdir, 0o700)
+            hand_over(self.host_workdir, self.host_uid)
+        else:
+            self.host_workdir.mkdir(mode=0o700)
         os.chown(self.host_workdir, self.host_uid, self.host_gid)
         binds: _Binds = []
         staging: list[tuple[str, str]] = []
+        root = self.config.root
+        if root is not None and privileged():
+            staged_root = self.workdir / "stage" / "root"
+            staged_root.mkdir(parents=True)
+            os.chmod(staged_root.parent, 0o711)
+            staging.append((os.path.abspath(root), str(staged_root)))
+            root = str(staged_root)
         for i, bind in enumerate(self.config.binds):
             src = os.path.abspath(bind.src)
             if not os.path.lexists(src):
@@ -173,6 +190,7 @@ class BwrapRuntime(RuntimeBase):
                     hand_over(Path(src), self.host_uid)
                 staged = self.workdir / "stage" / str(i)
                 staged.parent.mkdir(mode=0o711, exist_ok=True)
+                os.chmod(staged.parent, 0o711)
                 if os.path.isdir(src):
                     staged.mkdir()
                 else:
@@ -180,7 +198,7 @@ class BwrapRuntime(RuntimeBase):
                 staging.append((src, str(staged)))
                 src = str(staged)
             binds.append((src, bind.dst or bind.src, bind.writable))
-        return binds, staging
+        return binds, staging, root
 
     async def start(self) -> None:
         await self._await_throttle()
@@ -201,7 +219,7 @@ class BwrapRuntime(RuntimeBase):
             tmp = sandbox_tmpdir()
             ensure_watchdog(tmp, WORKDIR_PREFIX)  # kills what a SIGKILLed metrale leaves
             self.workdir = Path(tempfile.mkdtemp(prefix=owner_prefix(WORKDIR_PREFIX), dir=tmp))
-            binds, staging = await asyncio.to_thread(self._prepare)
+            binds, staging, root = await asyncio.to_thread(self._prepare)
         except OSError as exc:
             raise RuntimeStartError(f"cannot prepare the sandbox's directories: {exc}") from exc
         limits = self.config.limits
@@ -211,7 +229,7 @@ class BwrapRuntime(RuntimeBase):
             self.workdir.name, max_pids=limits.max_procs, memory_mb=limits.memory_mb
         )
         read_fd, write_fd = os.pipe()
-        argv = self.bwrap_argv(write_fd, binds)
+        argv = self.bwrap_argv(write_fd, binds, root)
         # every step execs in place (metrale stays the parent) and the last checks that it
         # still is, after the death signal is armed: no preexec_fn, so no fork() on the loop
         uid = self.host_uid if privileged() else None

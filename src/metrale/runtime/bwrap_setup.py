@@ -113,15 +113,39 @@ def check_bwrap(config: BwrapConfig | None = None) -> None:
             "user.max_user_namespaces > 0, or an AppArmor userns restriction), or root lacks "
             "CAP_SETUID to run it as an unprivileged uid"
         )
+    for what, path in (("root", config and config.root), ("seed", config and config.seed)):
+        if path and not os.path.isdir(path):
+            raise UsageError(f"bwrap runtime: {what} {path} is not a directory")
     for bind in config.binds if config is not None else ():
         if not os.path.exists(bind.src):
             raise UsageError(f"bwrap runtime: bind source {bind.src} does not exist")
 
 
-def system_binds() -> list[str]:
+#: Top-level entries of an image's root that the sandbox makes itself (or must not see).
+ROOT_SKIP = ("proc", "dev", "sys", "tmp", "run")
+
+
+def system_binds(root: str | None = None, source: str | None = None) -> list[str]:
     """bwrap arguments that show the host's system directories read-only, as they are laid
-    out here (merged-/usr symlinks stay symlinks)."""
+    out here (merged-/usr symlinks stay symlinks).
+
+    With `root` (an exported image), every top-level entry of it but `ROOT_SKIP` is shown
+    read-only instead, and nothing of the host's: the sandbox's own root stays the tmpfs that
+    holds the mount points, so a workdir, scratch dir or bind the image lacks can still be
+    mounted. `source` is where bwrap reaches `root` (root's private staging path when the
+    sandbox runs as an unprivileged uid that cannot traverse to it); its layout is read from
+    `root`, since the staged path is bound only when bwrap starts."""
     args: list[str] = []
+    if root is not None:
+        src = source or root
+        for entry in sorted(os.scandir(root), key=lambda e: e.name):
+            if entry.name in ROOT_SKIP:
+                continue
+            if entry.is_symlink():
+                args += ["--symlink", os.readlink(entry.path), f"/{entry.name}"]
+            elif entry.is_dir() or entry.is_file():
+                args += ["--ro-bind", f"{src}/{entry.name}", f"/{entry.name}"]
+        return args
     for name in SYSTEM_DIRS:
         host = Path("/") / name
         if host.is_symlink():

@@ -83,6 +83,19 @@ class BwrapConfig(RuntimeConfig):
     env: dict[str, str] = Field(default_factory=dict)
     tmp_mb: int | None = Field(default=512, ge=1, description="size of the sandbox's /tmp")
     shm_mb: int | None = Field(default=64, ge=1, description="size of the sandbox's /dev/shm")
+    root: str | None = Field(
+        default=None,
+        description="a host directory holding a whole root file system (an exported image) "
+        "whose top-level entries are shown read-only in place of the host's system dirs",
+    )
+    seed: str | None = Field(
+        default=None,
+        description="a host directory whose contents are copied into the workdir at start",
+    )
+    scratch: list[Annotated[str, Field(pattern="^/")]] = Field(
+        default_factory=list,
+        description="absolute paths that get an empty writable tmpfs (tmp_mb each)",
+    )
 
     def create(self, throttle: RateLimiter | None = None) -> Runtime:
         from metrale.runtime.bwrap import BwrapRuntime
