@@ -218,12 +218,16 @@ async def run_cell(cell: Cell, request: runner.RunRequest) -> CellResult:
 
 def cell_line(cell: CellResult) -> str:
     """The line printed as each cell finishes; e2e is the summary's (the work phase)."""
+    from metrale.fmt import duration_text, duration_unit, number_text
+
     total = Spread.of(cell.stage("total"))
-    e2e = "-" if cell.e2e_s is None else f"{cell.e2e_s:.2f} s"
-    reward = "-" if cell.reward_mean is None else f"{cell.reward_mean:.3f}"
-    text = f"{cell.cell}  e2e {e2e}  err {cell.errors}/{cell.records}  rew {reward}"
+    text = (
+        f"{cell.cell}  e2e {duration_text(cell.e2e_s)}  err {cell.errors}/{cell.records}  "
+        f"rew {number_text(cell.reward_mean)}"
+    )
     if total.n:
-        text += f"  total {total.cell()} s"
+        unit = duration_unit([total.p50])
+        text += f"  total {total.cell(unit)} {unit}"
     if cell.status == "failed":
         text += f"  FAILED: {cell.error}"
     return text
