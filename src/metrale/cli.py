@@ -297,6 +297,7 @@ def build_parser() -> _Parser:
     )
     run.add_argument("--json", action="store_true", help="print the final result as JSON")
     run.add_argument("--no-preflight", action="store_true", help="skip the 2+2 sanity check")
+    run.add_argument("-q", "--quiet", action="store_true", help="no live progress")
     run.set_defaults(handler=cmd_run)
 
     lst = sub.add_parser("list", help="list benchmarks with their parameters")
@@ -500,6 +501,7 @@ def cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
             preflight=not args.no_preflight,
             runtime=runtime,
             runtime_retries=args.retries_runtime,
+            progress=None if args.quiet else sys.stderr,
         )
         runner.prepare(request)  # bad parameters fail before a server starts
         runner.check_run_dir(request)  # so does a run directory that must not be written
@@ -647,18 +649,24 @@ def add_matrix_commands(sub: Any) -> None:
         metavar="N",
         help="retries of a sandbox start that failed (default 0)",
     )
+    mx.add_argument("-q", "--quiet", action="store_true", help="no live progress of each cell")
     mx.set_defaults(handler=cmd_matrix)
 
-    rep = sub.add_parser("report", help="the table of a sweep, one row per cell")
-    rep.add_argument("dir", type=Path, metavar="DIR", help="a 'metrale matrix' output directory")
-    rep.add_argument("--csv", action="store_true", help="CSV instead of Markdown")
+    rep = sub.add_parser("report", help="the table of a sweep or a run, one row per cell")
+    rep.add_argument(
+        "dir", type=Path, metavar="DIR", help="a 'metrale matrix' directory or a run directory"
+    )
+    fmt = rep.add_mutually_exclusive_group()
+    fmt.add_argument("--csv", action="store_true", help="numbers as CSV (durations in seconds)")
+    fmt.add_argument("--json", action="store_true", help="numbers as JSON (durations in seconds)")
+    rep.add_argument("--html", type=Path, metavar="FILE", help="also write a self-contained page")
     rep.set_defaults(handler=cmd_report)
 
     plo = sub.add_parser("plot", help="plot a sweep or a serve run directory to a PNG")
     plo.add_argument(
         "dir", type=Path, metavar="DIR", help="a 'metrale matrix' or serve run directory"
     )
-    plo.add_argument("-o", "--output", type=Path, required=True, metavar="FILE.png")
+    plo.add_argument("-o", "--output", type=Path, required=True, metavar="FILE.{png,svg,pdf}")
     plo.set_defaults(handler=cmd_plot)
 
     cmp_ = sub.add_parser(
@@ -717,6 +725,7 @@ def cmd_matrix(args: argparse.Namespace, extra: Sequence[str]) -> int:
                 cells=cells,
                 runtime_retries=args.retries_runtime,
                 resume=args.resume,
+                progress=None if args.quiet else sys.stderr,
             )
 
     results = run_async(go)
@@ -732,8 +741,12 @@ def cmd_report(args: argparse.Namespace, extra: Sequence[str]) -> int:
     _no_extra(extra)
     # a run directory is one row; a sweep directory a row per cell file
     cells = [cell_from_run_dir(args.dir)] if is_run_dir(args.dir) else read_cells(args.dir)
-    print(render_report(cells, "csv" if args.csv else "markdown"))
-    if args.csv:
+    if args.html is not None:
+        from metrale.matrix.html import write_html
+
+        print(f"wrote {write_html(args.dir, cells, args.html)}", file=sys.stderr)
+    print(render_report(cells, "csv" if args.csv else "json" if args.json else "markdown"))
+    if args.csv or args.json:
         for note in failure_notes(cells):
             print(note, file=sys.stderr)
     return 0
@@ -744,10 +757,12 @@ def cmd_plot(args: argparse.Namespace, extra: Sequence[str]) -> int:
     run directory of a benchmark that draws its own figure (`plugin.PlotsRuns`, e.g. serve's
     latency against throughput)."""
     from metrale.matrix import is_cell_dir
+    from metrale.matrix.plot import figure_format
     from metrale.plugin import PlotsRuns, get_benchmark
     from metrale.rundir import run_benchmark_id
 
     _no_extra(extra)
+    figure_format(args.output)  # the format, from the extension, before any work
     bench_id = run_benchmark_id(args.dir)  # a run directory has a run.json; a sweep has none
     if bench_id is not None:
         bench = get_benchmark(bench_id)

@@ -196,6 +196,7 @@ class RolloutBenchmark(BenchmarkBase):
         p = self.progress
         total = self.values["rollouts"]
         reward = "-" if p.mean_reward is None else f"{p.mean_reward:.3f}"
+        running = {s: p.running_p50(s) for s in ("generation", "total")}
         return BenchmarkResult(
             status=Status.RUNNING,
             phase="rollouts",
@@ -204,6 +205,11 @@ class RolloutBenchmark(BenchmarkBase):
             total=total,
             summary=f"{p.done}/{total} rollouts · {p.errors} errors · reward {reward}",
             logs=list(self.logs),
+            errors=p.errors,
+            retries=p.retries,
+            reward_mean=p.mean_reward,
+            running_p50_s={k: v for k, v in running.items() if v is not None},
+            turns=p.turns,
         )
 
     def final(self) -> BenchmarkResult:

@@ -381,6 +381,9 @@ class ServeBenchmark(BenchmarkBase):
             f"TPOT p50/p90 {_ms(tpots, 50)}/{_ms(tpots, 90)} ms · errors {errors}"
         )
         result.logs = list(self.logs)
+        result.errors, result.level, result.in_flight = errors, state.spec.label, state.in_flight
+        running = {"ttft": percentile(ttft, 50), "tpot": percentile(tpots, 50)}
+        result.running_p50_s = {k: v for k, v in running.items() if v is not None}
         return result
 
     def final(self) -> BenchmarkResult:
