@@ -127,6 +127,13 @@ class ServeBenchmark(BenchmarkBase):
     )
 
     @staticmethod
+    def run_curves(run_dir: Path) -> list[dict[str, Any]]:
+        """`metrale report --html` on a serve run: latency against achieved throughput."""
+        from metrale.benchmarks.serve.plot import serve_curves
+
+        return serve_curves(run_dir)
+
+    @staticmethod
     def plot_run(run_dir: Path, output: Path) -> Path:
         """`metrale plot DIR` on a serve run: latency against achieved throughput."""
         from metrale.benchmarks.serve.plot import plot_serve
