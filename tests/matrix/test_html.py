@@ -141,4 +141,12 @@ def test_axis_is_log_only_across_decades_and_ticks_cover_the_values() -> None:
     assert [t for t, _ in linear["ticks"]] == [0, 5, 10, 15]
     log = axis([2e-6], [0.15], duration_text)
     assert log["log"] and log["lo"] == 1e-6 and log["hi"] == 1.0
-    assert log["ticks"][0] == [1e-6, "1 µs"] and [0.5, "500 ms"] in log["ticks"]
+    # six decades: a tick per power of ten, labelled in its own unit
+    assert log["ticks"] == [
+        [1e-6, "1 µs"], [1e-5, "10 µs"], [1e-4, "100 µs"], [1e-3, "1 ms"], [0.01, "10 ms"],
+        [0.1, "100 ms"], [1.0, "1 s"],
+    ]  # fmt: skip
+    few = axis([0.02], [1.5], duration_text)  # two decades: 1-2-5 ticks
+    assert [t for t, _ in few["ticks"]] == pytest.approx(
+        [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10]
+    )

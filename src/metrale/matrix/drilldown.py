@@ -50,6 +50,12 @@ def drilldown_html(cell: CellResult, run_dir: Path | None, limits: Limits = Limi
     """The body of a cell's drill-down section."""
     if run_dir is None:
         return '<p class="note">no run directory found for this cell: only its summary.</p>'
+    if cell.unit != "rollout":
+        return (
+            f'<p class="note">run directory: {escape(str(run_dir))} · {cell.records} '
+            f"{escape(cell.unit)}s measured, {cell.errors} failed (per-{escape(cell.unit)} "
+            "records are in the run directory)</p>"
+        )
     try:
         records = read_records(run_dir / "rollouts.jsonl")
     except UsageError as exc:  # a damaged file must not cost the whole page

@@ -28,7 +28,7 @@ from metrale.fmt import duration_text, number_text
 from metrale.matrix.cellfile import CellResult
 from metrale.matrix.drilldown import cell_run_dir, drilldown_html
 from metrale.matrix.plot import LOG_SPAN, Panel, bar_label, panels_for
-from metrale.matrix.report import failure_notes, report_table
+from metrale.matrix.report import failure_notes, has_stages, report_table
 from metrale.plugin import CurvesRuns, get_benchmark
 
 CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'"
@@ -78,7 +78,9 @@ def render_html(directory: Path, cells: Sequence[CellResult]) -> str:
             for i, r in enumerate(runtimes)
         )
         body += [
-            "<h2>per stage: p50, whisker p10–p90</h2>",
+            "<h2>per stage: p50, whisker p10–p90</h2>"
+            if has_stages(cells)
+            else "<h2>per metric: value, whisker p10–p90 of its sample</h2>",
             f'<div class="legend">runtime: {legend}</div>',
             '<p class="note">hover a point for its cell and numbers; click it to open the cell '
             "below. r = rollouts, c = max concurrent.</p>",
@@ -143,7 +145,9 @@ def _panel_data(panel: Panel, cells: Sequence[CellResult], ids: dict[str, str]) 
         points.append(entry)
     lows = [p["p10"] for p in points if p["p10"] is not None]
     highs = [p["p90"] for p in points if p["p90"] is not None]
-    return {"title": panel.title, "points": points, "y": axis(lows, highs, fmt)}
+    # a metric panel's unit is the start of its axis label (`matrix.plot._metric_panel`)
+    title = panel.title if panel.seconds else f"{panel.title} ({panel.ylabel.partition(':')[0]})"
+    return {"title": title, "points": points, "y": axis(lows, highs, fmt)}
 
 
 def axis(
@@ -156,10 +160,16 @@ def axis(
     hi = max(highs, default=1.0)
     if log_ok and lo > 0 and hi / lo > LOG_SPAN:
         bottom, top = 10 ** math.floor(math.log10(lo)), 10 ** math.ceil(math.log10(hi))
+        first, last = round(math.log10(bottom)), round(math.log10(top))
+        decades = last - first
+        # 1-2-5 ticks over a few decades; over more, powers of ten (every other past eight),
+        # so that labels never overlap
+        subs = (1, 2, 5) if decades <= 3 else (1,)
+        every = 2 if decades > 8 else 1
         ticks = [
             m * 10**e
-            for e in range(math.floor(math.log10(bottom)), math.ceil(math.log10(top)) + 1)
-            for m in (1, 2, 5)
+            for e in range(first, last + 1, every)
+            for m in subs
             if bottom <= m * 10**e <= top
         ]
         return {"log": True, "lo": bottom, "hi": top, "ticks": [[t, fmt(t)] for t in ticks]}

@@ -111,6 +111,7 @@
     if (panel.mark !== null) {
       el("line", { x1: x(panel.mark), x2: x(panel.mark), y1: top, y2: height - bottom,
                    stroke: "#d62728", "stroke-dasharray": "4 3" }, svg);
+      text(svg, x(panel.mark) - 4, top + 10, "knee", { "text-anchor": "end", fill: "#d62728" });
     }
     panel.series.forEach((s, k) => {
       const colour = COLOURS[k % COLOURS.length];
@@ -123,8 +124,7 @@
         g.addEventListener("mousemove", (evt) => showTip(evt, p[2]));
         g.addEventListener("mouseleave", hideTip);
       });
-      const legend = text(svg, width - right - 4, top + 12 + 14 * k, s.name,
-                          { "text-anchor": "end" });
+      const legend = text(svg, left + 8, top + 12 + 14 * k, s.name, {});
       legend.style.fill = colour;
     });
     return box;
