@@ -111,7 +111,8 @@
     if (panel.mark !== null) {
       el("line", { x1: x(panel.mark), x2: x(panel.mark), y1: top, y2: height - bottom,
                    stroke: "#d62728", "stroke-dasharray": "4 3" }, svg);
-      text(svg, x(panel.mark) - 4, top + 10, "knee", { "text-anchor": "end", fill: "#d62728" });
+      const knee = text(svg, x(panel.mark) - 4, top + 10, "knee", { "text-anchor": "end" });
+      knee.style.fill = "#d62728";
     }
     panel.series.forEach((s, k) => {
       const colour = COLOURS[k % COLOURS.length];
