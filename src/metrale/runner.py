@@ -70,10 +70,14 @@ class RunInfo(BaseModel):
 
 
 class RunResult(BaseModel):
+    """`result.json`. `wall_s` is the whole run (load, preflight, the work, cleanup); the e2e
+    that run, matrix and report print is the work alone: `result.metrics["e2e_s"]`
+    (`RunSummary.e2e_s`)."""
+
     info: RunInfo
     run_dir: str
     result: BenchmarkResult
-    e2e_s: float
+    wall_s: float
     exit_code: int
 
 
@@ -245,11 +249,11 @@ async def _run_in(
         except asyncio.CancelledError:
             interrupted.set()
         display.close()
-        e2e = time.perf_counter() - started
+        wall = time.perf_counter() - started
         final.verdict = final.verdict.merged(check_bounds(final.metrics, request.budgets))
         code = EXIT_INTERRUPTED if interrupted.is_set() else exit_code(final)
         outcome = RunResult(
-            info=info, run_dir=str(artifacts.run_dir), result=final, e2e_s=e2e, exit_code=code
+            info=info, run_dir=str(artifacts.run_dir), result=final, wall_s=wall, exit_code=code
         )
         try:
             artifacts.write_json("result.json", outcome)

@@ -188,7 +188,7 @@ def cell_from_run_dir(run_dir: Path) -> CellResult:
                 cell.status, cell.error = "failed", result.get("error")
             if result.get("measured"):
                 return cell.with_summary(RunSummary.model_validate(result["measured"]))
-            cell.e2e_s = outcome.get("e2e_s")
+            cell.e2e_s = (result.get("metrics") or {}).get("e2e_s")  # the work, not the wall
         except (OSError, ValueError):
             pass
     return summarize(read_records(run_dir / "rollouts.jsonl"), cell)
