@@ -230,6 +230,8 @@ def assert_spread_text(text: str, values: list[float]) -> None:
         (["matrix", "--config", "{toml}"], "is not valid TOML"),
         (["report", "{empty}"], "holds no cell files"),
         (["plot", "{empty}", "-o", "x.png"], "nothing to plot"),
+        (["plot", "{empty}", "-o", "x.jpg"], "accepted: .png, .svg, .pdf"),
+        (["report", "{empty}", "--csv", "--json"], "not allowed with argument"),
         (["compare", "{empty}", "{empty}"], "holds no cell files"),
     ],
 )
