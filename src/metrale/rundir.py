@@ -18,17 +18,27 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+import orjson
 from pydantic import BaseModel
 
 from metrale.errors import RecordWriteError, UsageError, read_user_file
+from metrale.plugin import RunSummary
 
 #: Files a run writes; an existing directory with any of them belongs to an earlier run.
-RUN_FILES = ("rollouts.jsonl", "result.json", "run.json", "requests.jsonl", "retried.jsonl")
+RUN_FILES = (
+    "rollouts.jsonl",
+    "result.json",
+    "summary.json",
+    "run.json",
+    "requests.jsonl",
+    "retried.jsonl",
+)
 
 
 @dataclass(frozen=True)
@@ -215,12 +225,29 @@ class RunArtifacts:
                 "the records before this one are intact"
             ) from None
 
-    def write_json(self, name: str, model: BaseModel) -> Path:
+    def write_json(self, name: str, model: BaseModel, indent: int | None = 2) -> Path:
         """Write a JSON file atomically (temporary file, then rename): never half a file."""
         target = self.run_dir / name
         tmp = target.with_suffix(target.suffix + ".tmp")
         try:
-            tmp.write_text(model.model_dump_json(indent=2) + "\n", encoding="utf-8")
+            with tmp.open("wb") as f:  # bytes as pydantic made them: no second copy
+                f.write(model.__pydantic_serializer__.to_json(model, indent=indent))
+                f.write(b"\n")
+            tmp.replace(target)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise RecordWriteError(f"cannot write {target}: {exc.strerror}") from None
+        return target
+
+    def write_summary(self, summary: RunSummary, name: str = "summary.json") -> Path:
+        """Write the run's summary atomically, its per-rollout arrays streamed in chunks: at
+        100,000 rollouts a summary holds ~600,000 numbers, and as Python floats they would
+        cost 32 bytes each at once (`dump_summary`)."""
+        target = self.run_dir / name
+        tmp = target.with_suffix(target.suffix + ".tmp")
+        try:
+            with tmp.open("wb") as f:
+                dump_summary(summary, f)
             tmp.replace(target)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
@@ -260,3 +287,29 @@ def run_benchmark_id(run_dir: Path) -> str | None:
         return None
     bench = info.get("benchmark") if isinstance(info, dict) else None
     return bench if isinstance(bench, str) else None
+
+
+#: Numbers per chunk when a summary's arrays are written.
+_CHUNK = 8192
+
+
+def dump_summary(summary: RunSummary, f: BinaryIO) -> None:
+    """`summary` as one compact JSON object (what `RunSummary.model_validate_json` reads),
+    its `durations` and `samples` written a chunk of numbers at a time."""
+    head = orjson.dumps(summary.model_dump(mode="json", exclude={"durations", "samples"}))
+    f.write(head[:-1])  # the object stays open for the two tables
+    for key in ("durations", "samples"):
+        table: dict[str, Any] = getattr(summary, key)
+        f.write(b',"' + key.encode() + b'":{')
+        for i, (name, values) in enumerate(table.items()):
+            f.write((b"," if i else b"") + orjson.dumps(name) + b":")
+            if not isinstance(values, array):
+                f.write(orjson.dumps(values))
+                continue
+            f.write(b"[")
+            for start in range(0, len(values), _CHUNK):
+                chunk = orjson.dumps(values[start : start + _CHUNK].tolist())[1:-1]
+                f.write((b"," if start else b"") + chunk)
+            f.write(b"]")
+        f.write(b"}")
+    f.write(b"}\n")

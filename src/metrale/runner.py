@@ -256,6 +256,8 @@ async def _run_in(
             info=info, run_dir=str(artifacts.run_dir), result=final, wall_s=wall, exit_code=code
         )
         try:
+            if final.measured is not None:
+                artifacts.write_summary(final.measured)
             artifacts.write_json("result.json", outcome)
         except RecordWriteError as exc:
             outcome.exit_code = EXIT_RUN_FAILED

@@ -73,7 +73,8 @@ def test_workdir_of_a_dead_sandbox_goes_one_in_use_stays(
         holder.wait()
     assert not dead.exists()
     assert live.is_dir()
-    assert report.removed == [f"workdir {dead}"]
+    # cgroups are machine-wide: another run's orphan may be removed too; the workdirs are ours
+    assert [r for r in report.removed if r.startswith("workdir")] == [f"workdir {dead}"]
     assert any(str(live) in k for k in report.kept)
     unrelated = tmp_path / "other-dir"
     unrelated.mkdir()

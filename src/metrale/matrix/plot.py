@@ -65,7 +65,8 @@ def bar_label(cell: CellResult) -> str:
 
 def _swept_params(cell: CellResult) -> dict[str, object]:
     """Parameters that appear in the cell's name, i.e. the ones the sweep varied."""
-    return {k: v for k, v in cell.params.items() if f"-{k}=" in cell.cell}
+    parts = cell.cell.split("-")
+    return {k: v for k, v in cell.params.items() if any(p.startswith(f"{k}=") for p in parts)}
 
 
 @dataclass(frozen=True)
@@ -170,8 +171,11 @@ def build_figure(cells: Sequence[CellResult]) -> Figure:
         ax.set_axisbelow(True)
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
-    handles = [Patch(facecolor=colour[r], edgecolor="0.2", label=r) for r in runtimes]
-    fig.legend(handles=handles, title="runtime", loc="outside lower center", ncols=len(runtimes))
+    if any(c.rollouts is not None for c in ordered):  # a benchmark with runtimes: say which
+        handles = [Patch(facecolor=colour[r], edgecolor="0.2", label=r) for r in runtimes]
+        fig.legend(
+            handles=handles, title="runtime", loc="outside lower center", ncols=len(runtimes)
+        )
     first = ordered[0] if ordered else None
     model = f" · {first.model}" if first and first.model else ""
     bench = first.benchmark if first else ""

@@ -8,11 +8,12 @@ declared metrics, `plugin.metrics`) and nothing else.
 from __future__ import annotations
 
 import time
+from array import array
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_serializer
 
 from metrale.errors import UsageError
 from metrale.stats import Spread
@@ -87,11 +88,17 @@ class RunSummary(BaseModel):
     - `e2e_s`: the wall clock of the run's work: first rollout (or request) started to last one
       ended, as the benchmark's phase clock reads it. Load, warm-up and the target's start are
       not in it. The same number in `run`, in `matrix` progress and in `report`.
-    - `reward_mean`: mean over units that have a reward; `rewards` their sorted rewards.
+    - `reward_mean`: mean over units that have a reward (its sample holds the rewards;
+      `rewards` is read from cell files written before samples were kept).
     - `durations`: sorted per-rollout seconds of each stage and of total (rollout benchmarks).
     - `metrics`: the value of every declared metric, and a benchmark's extra counters.
     - `samples`: per declared metric (not stages: those are `durations`), the values its
-      statistic was taken over; a ratio's are [value, per] pairs.
+      statistic was taken over; a ratio's are [value, per] pairs. A sample of few distinct
+      values (0/1 flags, token counts) is kept as `{"values": [...], "counts": [...]}`:
+      1,000,000 error flags are two numbers, not a million.
+
+    The runner writes it to `summary.json` in the run directory (compact JSON: it holds a
+    number per rollout and stage); result.json holds the rest of the final snapshot.
     """
 
     unit: Literal["rollout", "request"] = "rollout"
@@ -99,12 +106,27 @@ class RunSummary(BaseModel):
     errors: int = 0
     e2e_s: float | None = None
     reward_mean: float | None = None
-    rewards: list[float] = Field(default_factory=list, description="sorted per-unit rewards")
+    rewards: list[float] = Field(default_factory=list, description="old files: sorted rewards")
     durations: dict[str, list[float]] = Field(
         default_factory=lambda: {s: [] for s in SUMMARY_STAGES}
     )
     metrics: dict[str, float | int | None] = Field(default_factory=dict)
-    samples: dict[str, list[Any]] = Field(default_factory=dict)
+    samples: dict[str, list[Any] | dict[str, list[Any]]] = Field(default_factory=dict)
+
+    def __repr_args__(self) -> Any:
+        """Sizes, not the per-rollout numbers: asyncio's repr of a finished task reprs its
+        result, and the full repr of 100,000 rollouts cost 75 MB at a run's end."""
+        for key, value in super().__repr_args__():
+            if key in ("durations", "samples", "rewards") and value:
+                sizes = value.items() if isinstance(value, dict) else [("n", value)]
+                value = {k: f"<{len(v)} values>" for k, v in sizes}
+            yield key, value
+
+    @field_serializer("durations", "samples")
+    def _lists(self, value: dict[str, Any]) -> dict[str, Any]:
+        """The runner builds the summary from 8-byte arrays (`array("d")`), not lists of float
+        objects (32 bytes each): they become JSON lists only as they are written."""
+        return {k: v.tolist() if isinstance(v, array) else v for k, v in value.items()}
 
     def stage(self, name: str) -> list[float]:
         return self.durations.get(name, [])
@@ -114,7 +136,11 @@ class RunSummary(BaseModel):
         (pairs as tuples for a ratio)."""
         if name in self.durations:
             return self.durations[name]
-        return [tuple(x) if isinstance(x, list) else x for x in self.samples.get(name, [])]
+        found = self.samples.get(name, [])
+        if isinstance(found, dict):  # the compact form: each value repeated by its count
+            pairs = zip(found.get("values", []), found.get("counts", []), strict=True)
+            found = [v for v, n in pairs for _ in range(int(n))]
+        return [tuple(x) if isinstance(x, list) else x for x in found]
 
 
 class BenchmarkResult(BaseModel):
@@ -132,8 +158,9 @@ class BenchmarkResult(BaseModel):
     verdict: Verdict = Field(default_factory=Verdict)
     logs: list[LogLine] = Field(default_factory=list)
     error: str | None = None
-    #: the run's one summary, on the final snapshot (None while running, or when nothing ran)
-    measured: RunSummary | None = None
+    #: the run's one summary, on the final snapshot (None while running, or when nothing ran);
+    #: written apart, to summary.json, not inside result.json
+    measured: RunSummary | None = Field(default=None, exclude=True, repr=False)
     # What the live view shows (`metrale.live`); None where the benchmark has no such number.
     #: failed units so far, and chat-call retries so far
     errors: int | None = None

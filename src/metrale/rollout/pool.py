@@ -140,12 +140,13 @@ class Progress:
             else:
                 values.append(x)
 
-    def sample(self, metric: Metric) -> list[Any]:
-        """The collected sample of `metric`: floats, or (value, per) pairs for a ratio."""
+    def sample(self, metric: Metric) -> Sequence[Any]:
+        """The collected sample of `metric`: its floats (the array itself, not a copy), or
+        (value, per) pairs for a ratio."""
         values = self.samples.get(metric.name, array("d"))
         if metric.stat == "ratio":
             return list(zip(values[0::2], values[1::2], strict=True))
-        return list(values)
+        return values
 
     def running_p50(self, stage: str, limit: int = 4096) -> float | None:
         """The p50 so far of `stage`'s durations, for the live view: over every value up to

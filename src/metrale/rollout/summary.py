@@ -8,7 +8,9 @@ each record as it arrives, so memory stays 8 bytes a value and no record is kept
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from metrale.plugin import SUMMARY_STAGES, Metric, RunSummary
 from metrale.rollout.pool import Progress
@@ -71,8 +73,8 @@ def sampled(metrics: Iterable[Metric]) -> list[Metric]:
 
 def build_summary(progress: Progress, metrics: Sequence[Metric], e2e_s: float | None) -> RunSummary:
     """The run's summary from what `progress` collected; `e2e_s` is the rollouts phase."""
-    durations = {name: sorted(values) for name, values in progress.durations.items()}
-    samples = {m.name: progress.sample(m) for m in sampled(metrics)}
+    durations = {name: array("d", sorted(values)) for name, values in progress.durations.items()}
+    samples = {m.name: progress.sample(m) for m in sampled(metrics)}  # arrays: no copies yet
     values: dict[str, float | int | None] = {}
     for m in metrics:
         if m.name in durations:
@@ -85,20 +87,36 @@ def build_summary(progress: Progress, metrics: Sequence[Metric], e2e_s: float | 
             values[m.name] = (
                 int(x) if m.stat in ("sum", "max") and x is not None and x.is_integer() else x
             )
-    rewards = sorted(progress.samples.get("reward_mean", ()))
-    return RunSummary(
+    rewards = progress.samples.get("reward_mean", ())
+    return RunSummary.model_construct(  # built from numbers already checked: no copies
         unit="rollout",
         records=progress.done,
         errors=progress.errors,
         e2e_s=e2e_s,
         reward_mean=sum(rewards) / len(rewards) if rewards else None,
-        rewards=rewards,
+        rewards=[],  # the per-rollout rewards are the sample of reward_mean
         durations=durations,
         metrics=values,
-        samples={
-            k: [list(x) if isinstance(x, tuple) else x for x in v] for k, v in samples.items()
-        },
+        samples={k: compact(v) for k, v in samples.items()},
     )
+
+
+#: A sample with at most this many distinct values is kept as values and counts.
+COMPACT_DISTINCT = 64
+
+
+def compact(sample: Sequence[Any]) -> Sequence[Any] | dict[str, list[Any]]:
+    """`sample` as it goes into the summary: pairs as lists; few distinct values as
+    `{"values", "counts"}` (see `RunSummary.samples`); else as it is (an 8-byte array)."""
+    if sample and isinstance(sample[0], tuple):
+        return [list(x) for x in sample]
+    counts: dict[float, int] = {}
+    for x in sample:
+        counts[x] = counts.get(x, 0) + 1
+        if len(counts) > COMPACT_DISTINCT:
+            return sample
+    ordered = sorted(counts)
+    return {"values": ordered, "counts": [counts[v] for v in ordered]}
 
 
 def summarize_records(

@@ -9,9 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, Self, runtime_checkable
 
 from pydantic import BaseModel
+
+from metrale.errors import UsageError
+
+if TYPE_CHECKING:
+    from metrale.runtime.procs import RateLimiter
+
+#: Flat resource-limit options every runtime config with a `limits` field accepts.
+LIMIT_KEYS: tuple[str, ...] = ("cpu_s", "memory_mb", "max_procs", "file_size_mb")
 
 
 class RuntimeStartError(Exception):
@@ -44,6 +52,46 @@ class RuntimeConfig(BaseModel):
     output_cap_bytes: int = 1 << 20
     start_rate: float | None = None
     """Sandbox creations per second across one run (None: unthrottled); waiting counts as setup."""
+
+    def create(self, throttle: RateLimiter | None = None) -> Runtime:
+        """A new, not yet started runtime of this config (its module imported only now)."""
+        raise UsageError(f"runtime {self.type!r} cannot be created from a bare config")
+
+    def check(self) -> None:
+        """Raise UsageError when this machine cannot provide the runtime at all."""
+
+    @classmethod
+    def from_flat(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """The config's fields from flat options (the CLI's, a sweep file's): its own fields,
+        and the `LIMIT_KEYS` folded into `limits` where it has one. Unknown: UsageError."""
+        fields: dict[str, Any] = {}
+        limits = {
+            k: options.pop(k) for k in LIMIT_KEYS if k in options and k not in cls.model_fields
+        }
+        if limits:
+            if "limits" not in cls.model_fields:
+                unknown_options(cls, limits)
+            base = cls.model_fields["limits"].get_default(call_default_factory=True)
+            fields["limits"] = {**base.model_dump(), **limits}
+        unknown = {k: v for k, v in options.items() if k not in cls.model_fields or k == "type"}
+        if unknown:
+            unknown_options(cls, unknown)
+        fields.update(options)
+        return fields
+
+    @classmethod
+    def flat_keys(cls) -> list[str]:
+        """Every flat option `from_flat` accepts, for the error that lists them."""
+        keys = [k for k in cls.model_fields if k != "type"]
+        return [*keys, *LIMIT_KEYS] if "limits" in cls.model_fields else keys
+
+
+def unknown_options(cls: type[RuntimeConfig], options: Mapping[str, Any]) -> NoReturn:
+    name = cls.model_fields["type"].default
+    raise UsageError(
+        f"option(s) {', '.join(sorted(options))} do not apply to the {name} runtime; "
+        f"accepted: {', '.join(cls.flat_keys())}"
+    )
 
 
 @runtime_checkable

@@ -78,7 +78,7 @@ from metrale.runtime.bwrap_setup import (
 from metrale.runtime.bwrap_watchdog import ensure_watchdog, owner_prefix
 from metrale.runtime.cgroups import SandboxCgroup
 from metrale.runtime.configs import BwrapConfig
-from metrale.runtime.procs import die_with_us, killpg, run_process
+from metrale.runtime.procs import die_with_us, killpg, run_process, spawned
 from metrale.runtime.sandbox_proc import SandboxProcess, close_all
 
 __all__ = [
@@ -216,16 +216,20 @@ class BwrapRuntime(RuntimeBase):
         if self._cgroup is not None:
             argv = self._cgroup.wrap(argv)
         try:
-            self._proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                pass_fds=(write_fd,),
-                start_new_session=True,
-                env=SPAWN_ENV,
-                cwd="/",  # a shell on the way would put metrale's cwd into PWD
-                preexec_fn=die_with_us(),
+            self._proc = await spawned(
+                asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    pass_fds=(write_fd,),
+                    start_new_session=True,
+                    env=SPAWN_ENV,
+                    cwd="/",  # a shell on the way would put metrale's cwd into PWD
+                    preexec_fn=die_with_us(),
+                ),
+                lambda proc: proc.pid,
+                lambda proc: setattr(self, "_proc", proc),  # so that stop() tears it down
             )
         except OSError as exc:
             os.close(read_fd)

@@ -1,7 +1,11 @@
 """Runtime configs (pydantic, picked by `type`) and the two ways in: `runtime_config()` builds a
 config from a runtime name and flat options (the CLI, the matrix sweep, benchmarks), and
-`create_runtime()` / `runtime_factory()` turn a config into runtimes. Runtime modules are
-imported only when a runtime of their kind is created, so `ray` stays an optional extra.
+`create_runtime()` / `runtime_factory()` turn a config into runtimes.
+
+Each runtime is one config class that knows how to `create` its runtime (importing the
+runtime's module only then, so `ray` stays an optional extra), how to `check` that this machine
+can provide it, and which flat options it takes (`from_flat`); and one registration, its entry
+in `CONFIGS`. Nothing else names a runtime.
 """
 
 from __future__ import annotations
@@ -11,15 +15,17 @@ import shutil
 import socket
 import subprocess
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from metrale.errors import UsageError
-from metrale.runtime.base import Runtime, RuntimeConfig
+from metrale.runtime.base import LIMIT_KEYS, Runtime, RuntimeConfig, unknown_options
 from metrale.runtime.procs import Limits, RateLimiter
 
-RUNTIMES: tuple[str, ...] = ("subprocess", "bwrap", "docker", "ray")
+#: Flat option names `runtime_config` accepts besides the config fields: limits, and binds.
+_LIMIT_KEYS = LIMIT_KEYS
+_BIND_KEYS = ("ro_binds", "rw_binds")
 #: The docker runtime's image: built offline by `bash scripts/container-engine.sh up`.
 DEFAULT_IMAGE = "metrale/base:bookworm"
 ENGINE_UP = "bash scripts/container-engine.sh up"
@@ -50,6 +56,16 @@ class SubprocessConfig(RuntimeConfig):
     limits: Limits = Field(default_factory=lambda: Limits(max_procs=None))
     env: dict[str, str] = Field(default_factory=dict)
 
+    def create(self, throttle: RateLimiter | None = None) -> Runtime:
+        from metrale.runtime.subprocess import SubprocessRuntime
+
+        return SubprocessRuntime(self, throttle)
+
+    def check(self) -> None:
+        limited = any(v is not None for v in self.limits.model_dump().values())
+        if limited and not shutil.which("prlimit"):
+            raise UsageError("subprocess runtime: resource limits need 'prlimit' (util-linux)")
+
 
 class BwrapConfig(RuntimeConfig):
     """A bubblewrap sandbox: read-only system dirs, a writable workdir, private sized /tmp and
@@ -68,6 +84,32 @@ class BwrapConfig(RuntimeConfig):
     tmp_mb: int | None = Field(default=512, ge=1, description="size of the sandbox's /tmp")
     shm_mb: int | None = Field(default=64, ge=1, description="size of the sandbox's /dev/shm")
 
+    def create(self, throttle: RateLimiter | None = None) -> Runtime:
+        from metrale.runtime.bwrap import BwrapRuntime
+
+        return BwrapRuntime(self, throttle)
+
+    def check(self) -> None:
+        from metrale.runtime.bwrap import check_bwrap
+
+        check_bwrap(self)
+
+    @classmethod
+    def from_flat(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """Besides the shared flat options, `ro_binds` / `rw_binds`: `SRC` or `SRC:DST`."""
+        binds = {k: options.pop(k) for k in _BIND_KEYS if k in options}
+        fields = super().from_flat(options)
+        if binds:
+            parsed = list(fields.pop("binds", []))
+            parsed += [Bind.parse(b, writable=False) for b in binds.get("ro_binds", [])]
+            parsed += [Bind.parse(b, writable=True) for b in binds.get("rw_binds", [])]
+            fields["binds"] = parsed
+        return fields
+
+    @classmethod
+    def flat_keys(cls) -> list[str]:
+        return [*super().flat_keys(), *_BIND_KEYS]
+
 
 class DockerConfig(RuntimeConfig):
     """A container from any docker-compatible CLI, kept alive with `sleep infinity` under
@@ -84,6 +126,26 @@ class DockerConfig(RuntimeConfig):
     workdir: str = Field(default="/work", pattern="^/")
     env: dict[str, str] = Field(default_factory=dict)
 
+    def create(self, throttle: RateLimiter | None = None) -> Runtime:
+        from metrale.runtime.docker import DockerRuntime
+
+        return DockerRuntime(self, throttle)
+
+    def check(self) -> None:
+        check_docker(self)
+
+    @classmethod
+    def from_flat(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """`memory_mb` and `max_procs` are the container's own fields; other limits are not."""
+        limits = [k for k in _LIMIT_KEYS if k in options and k not in cls.model_fields]
+        if limits:
+            unknown_options(cls, {k: options[k] for k in limits})
+        return super().from_flat(options)
+
+    @classmethod
+    def flat_keys(cls) -> list[str]:
+        return [k for k in cls.model_fields if k != "type"]
+
 
 InnerConfig = Annotated[SubprocessConfig | BwrapConfig, Field(discriminator="type")]
 
@@ -97,40 +159,27 @@ class RayConfig(RuntimeConfig):
     actor_cpus: float = Field(default=0.01, description="CPU the actor reserves when placed")
     spread: bool = Field(default=True, description="SPREAD scheduling across nodes")
 
+    def create(self, throttle: RateLimiter | None = None) -> Runtime:
+        from metrale.runtime.ray import RayRuntime
 
-AnyRuntimeConfig = Annotated[
-    SubprocessConfig | BwrapConfig | DockerConfig | RayConfig, Field(discriminator="type")
-]
-_ANY = TypeAdapter(AnyRuntimeConfig)
+        return RayRuntime(self, throttle)
 
-#: Flat option names accepted by `runtime_config` besides the config fields themselves.
-_LIMIT_KEYS = ("cpu_s", "memory_mb", "max_procs", "file_size_mb")
-_BIND_KEYS = ("ro_binds", "rw_binds")
+    def check(self) -> None:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise UsageError(
+                "the ray runtime needs the ray extra: pip install 'metrale[ray]'"
+            ) from None
+        _check_ray_address(self.address)
+        self.inner.check()
 
-
-def parse_runtime_config(data: Mapping[str, Any]) -> RuntimeConfig:
-    """A config from its JSON form (as in run.json), picked by its `type`."""
-    try:
-        return _ANY.validate_python(dict(data))
-    except ValidationError as exc:
-        raise UsageError(f"bad runtime config: {_first_error(exc)}") from None
-
-
-def runtime_config(name: str, **options: Any) -> RuntimeConfig:
-    """The config of runtime `name` with `options`, e.g.
-    `runtime_config("bwrap", ro_binds=["/root/.cargo"], rw_binds=["/tmp/t:/work/target"])`.
-
-    Besides each config's own fields, flat limit options (`cpu_s`, `memory_mb`, `max_procs`,
-    `file_size_mb`) and `ro_binds` / `rw_binds` (`SRC` or `SRC:DST` strings) are accepted; for
-    `ray`, `inner="bwrap"` picks the sandbox and every option the ray config does not have
-    goes to it. Unknown runtimes or options raise `UsageError` naming what is accepted.
-    """
-    if name not in RUNTIMES:
-        raise UsageError(f"unknown runtime {name!r}; accepted: {', '.join(RUNTIMES)}")
-    options = {k: v for k, v in options.items() if v is not None}
-    if name == "ray":
-        own = {k: options.pop(k) for k in list(options) if k in RayConfig.model_fields}
-        if "output_cap_bytes" in own:  # the inner sandbox is what caps a command's output
+    @classmethod
+    def from_flat(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """`inner="bwrap"` picks the sandbox; every option the ray config does not have goes
+        to it (the inner sandbox is also what caps a command's output)."""
+        own = {k: options.pop(k) for k in list(options) if k in cls.model_fields}
+        if "output_cap_bytes" in own:
             options["output_cap_bytes"] = own["output_cap_bytes"]
         inner = own.pop("inner", "subprocess")
         if isinstance(inner, str):
@@ -141,38 +190,39 @@ def runtime_config(name: str, **options: Any) -> RuntimeConfig:
             own["inner"] = runtime_config(inner, **options)
         else:
             if options:
-                _unknown("ray", options, RayConfig)
+                unknown_options(cls, options)
             own["inner"] = inner
-        return _build(RayConfig, "ray", own)
-    cls: type[RuntimeConfig] = {
-        "subprocess": SubprocessConfig,
-        "bwrap": BwrapConfig,
-        "docker": DockerConfig,
-    }[name]
-    fields: dict[str, Any] = {}
-    limits = {k: options.pop(k) for k in _LIMIT_KEYS if k in options}
-    binds = {k: options.pop(k) for k in _BIND_KEYS if k in options}
-    if limits:
-        if "limits" in cls.model_fields:
-            base = cls.model_fields["limits"].get_default(call_default_factory=True)
-            fields["limits"] = {**base.model_dump(), **limits}
-        elif name == "docker":
-            for key in ("memory_mb", "max_procs"):
-                if key in limits:
-                    fields[key] = limits.pop(key)
-            if limits:
-                _unknown(name, limits, cls)
-    if binds:
-        if name != "bwrap":
-            _unknown(name, binds, cls)
-        parsed = list(options.pop("binds", []))
-        parsed += [Bind.parse(b, writable=False) for b in binds.get("ro_binds", [])]
-        parsed += [Bind.parse(b, writable=True) for b in binds.get("rw_binds", [])]
-        fields["binds"] = parsed
-    unknown = {k: v for k, v in options.items() if k not in cls.model_fields or k == "type"}
-    if unknown:
-        _unknown(name, unknown, cls)
-    fields.update(options)
+        return own
+
+
+#: The registered runtimes: adding one is its config class and its entry here.
+CONFIGS: tuple[type[RuntimeConfig], ...] = (SubprocessConfig, BwrapConfig, DockerConfig, RayConfig)
+RUNTIMES: tuple[str, ...] = tuple(c.model_fields["type"].default for c in CONFIGS)
+_BY_NAME: dict[str, type[RuntimeConfig]] = dict(zip(RUNTIMES, CONFIGS, strict=True))
+AnyRuntimeConfig = Annotated[Union[CONFIGS], Field(discriminator="type")]  # type: ignore[valid-type]  # noqa: UP007
+_ANY: TypeAdapter[Any] = TypeAdapter(AnyRuntimeConfig)
+
+
+def parse_runtime_config(data: Mapping[str, Any]) -> RuntimeConfig:
+    """A config from its JSON form (as in run.json), picked by its `type`."""
+    try:
+        return _ANY.validate_python(dict(data))  # type: ignore[no-any-return]
+    except ValidationError as exc:
+        raise UsageError(f"bad runtime config: {_first_error(exc)}") from None
+
+
+def runtime_config(name: str, **options: Any) -> RuntimeConfig:
+    """The config of runtime `name` with `options`, e.g.
+    `runtime_config("bwrap", ro_binds=["/root/.cargo"], rw_binds=["/tmp/t:/work/target"])`.
+
+    Besides each config's own fields, flat limit options (`cpu_s`, `memory_mb`, `max_procs`,
+    `file_size_mb`) are accepted, and what each config's `from_flat` adds. Unknown runtimes or
+    options raise `UsageError` naming what is accepted.
+    """
+    cls = _BY_NAME.get(name)
+    if cls is None:
+        raise UsageError(f"unknown runtime {name!r}; accepted: {', '.join(RUNTIMES)}")
+    fields = cls.from_flat({k: v for k, v in options.items() if v is not None})
     return _build(cls, name, fields)
 
 
@@ -189,42 +239,11 @@ def _first_error(exc: ValidationError) -> str:
     return f"{where}: {err['msg']}" if where else err["msg"]
 
 
-def _unknown(name: str, options: Mapping[str, Any], cls: type[BaseModel]) -> None:
-    accepted = [k for k in cls.model_fields if k != "type"]
-    if "limits" in cls.model_fields:
-        accepted += _LIMIT_KEYS
-    if cls is BwrapConfig:
-        accepted += _BIND_KEYS
-    if cls is DockerConfig:
-        accepted = [k for k in accepted if k not in _LIMIT_KEYS or k in DockerConfig.model_fields]
-    raise UsageError(
-        f"option(s) {', '.join(sorted(options))} do not apply to the {name} runtime; "
-        f"accepted: {', '.join(accepted)}"
-    )
-
-
 def create_runtime(config: RuntimeConfig, *, throttle: RateLimiter | None = None) -> Runtime:
     """A new, not yet started runtime for `config` (one per rollout)."""
-    if isinstance(config, SubprocessConfig):
-        from metrale.runtime.subprocess import SubprocessRuntime
-
-        return SubprocessRuntime(config, throttle)
-    if isinstance(config, BwrapConfig):
-        from metrale.runtime.bwrap import BwrapRuntime
-
-        return BwrapRuntime(config, throttle)
-    if isinstance(config, DockerConfig):
-        from metrale.runtime.docker import DockerRuntime
-
-        return DockerRuntime(config, throttle)
-    if isinstance(config, RayConfig):
-        from metrale.runtime.ray import RayRuntime
-
-        return RayRuntime(config, throttle)
-    # a plain RuntimeConfig (e.g. read back from JSON): pick by its type
-    if type(config) is RuntimeConfig or config.type in RUNTIMES:
-        return create_runtime(parse_runtime_config(config.model_dump()), throttle=throttle)
-    raise UsageError(f"unknown runtime {config.type!r}; accepted: {', '.join(RUNTIMES)}")
+    if type(config) is RuntimeConfig:  # read back from JSON without its class: pick by type
+        config = parse_runtime_config(config.model_dump())
+    return config.create(throttle)
 
 
 def runtime_factory(
@@ -276,27 +295,9 @@ def _resolve_ray_auto() -> str:
 def check_runtime(config: RuntimeConfig) -> None:
     """Fail fast, before any rollout, when this machine cannot provide the runtime at all
     (bwrap missing or user namespaces off, no docker engine, ray not installed): UsageError."""
-    if isinstance(config, RayConfig):
-        try:
-            import ray  # noqa: F401
-        except ImportError:
-            raise UsageError(
-                "the ray runtime needs the ray extra: pip install 'metrale[ray]'"
-            ) from None
-        _check_ray_address(config.address)
-        check_runtime(config.inner)
-    elif isinstance(config, BwrapConfig):
-        from metrale.runtime.bwrap import check_bwrap
-
-        check_bwrap(config)
-    elif isinstance(config, DockerConfig):
-        check_docker(config)
-    elif (
-        isinstance(config, SubprocessConfig)
-        and any(v is not None for v in config.limits.model_dump().values())
-        and not shutil.which("prlimit")
-    ):
-        raise UsageError("subprocess runtime: resource limits need 'prlimit' (util-linux)")
+    if type(config) is RuntimeConfig:
+        config = parse_runtime_config(config.model_dump())
+    config.check()
 
 
 def _engine_probe(argv: list[str], what: str) -> subprocess.CompletedProcess[str]:

@@ -38,7 +38,7 @@ from pathlib import Path
 from metrale.runtime import procs
 from metrale.runtime.base import ProgramResult, RuntimeBase, RuntimeStartError, Throttle
 from metrale.runtime.configs import DockerConfig
-from metrale.runtime.procs import killpg, run_process
+from metrale.runtime.procs import killpg, run_process, spawned
 
 LABEL = "metrale.sandbox"
 PID_LABEL = f"{LABEL}.pid"
@@ -221,12 +221,16 @@ async def run_bytes(
 ) -> tuple[int, bytes, str]:
     """(exit code, stdout bytes, stderr text) of a CLI call whose output is data, not text;
     killed with its process group on timeout or cancellation."""
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
+    proc = await spawned(
+        asyncio.create_subprocess_exec(
+            *argv,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        ),
+        lambda p: p.pid,
+        lambda p: None,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)

@@ -19,8 +19,11 @@ from dataclasses import dataclass
 
 from metrale.runtime.base import Runtime
 
-SERVER_LOG = "/tmp/metrale-score-server.log"
-PID_FILE = "/tmp/metrale-score-server.pid"
+#: Beside the agent's work dir, in the rollout's own sandbox dir (relative to the work dir,
+#: which is the cwd): never a shared /tmp, where concurrent rollouts under the subprocess
+#: runtime would read (and kill by) each other's pid file.
+SERVER_LOG = "../metrale-score-server.log"
+PID_FILE = "../metrale-score-server.pid"
 
 
 @dataclass

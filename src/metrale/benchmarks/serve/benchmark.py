@@ -9,12 +9,9 @@ ends; `metrale plot` reads it).
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any, ClassVar
-
-from pydantic import BaseModel, Field
 
 from metrale.benchmarks.serve.client import StreamClient
 from metrale.benchmarks.serve.declared import METRICS, samples
@@ -27,11 +24,19 @@ from metrale.benchmarks.serve.load import (
     sweep_rates,
 )
 from metrale.benchmarks.serve.metrics import (
-    SLO_KEYS,
     RequestRecord,
-    q_text,
     summarize,
     tpot,
+)
+from metrale.benchmarks.serve.params import (
+    LEVELS_FILE,
+    REQUESTS_FILE,
+    SWEEP_AXES,
+    LevelSummary,
+    ServeLevels,
+    parse_percentiles,
+    parse_slos,
+    serve_parameters,
 )
 from metrale.benchmarks.serve.prompts import (
     Prompt,
@@ -40,6 +45,7 @@ from metrale.benchmarks.serve.prompts import (
     load_jsonl,
     synthetic,
 )
+from metrale.benchmarks.serve.table import levels_table, ms_text, num_text
 from metrale.errors import UsageError
 from metrale.plugin import (
     BenchmarkResult,
@@ -49,68 +55,8 @@ from metrale.plugin import (
     PluginHandle,
     RunSummary,
     Status,
-    Table,
 )
 from metrale.rollout import BenchmarkBase
-from metrale.stats import percentile
-
-LEVELS_FILE = "levels.json"
-REQUESTS_FILE = "requests.jsonl"
-
-
-class LevelSummary(BaseModel):
-    index: int
-    label: str
-    concurrency: int | None = None
-    rate: float | None = None
-    arrivals: str | None = None
-    stopped: str | None = None
-    metrics: dict[str, float | int | None] = Field(default_factory=dict)
-
-
-class ServeLevels(BaseModel):
-    """`levels.json`: what a serve run measured at each load level, and the sweep's knee."""
-
-    load: str
-    slos: dict[str, float] = Field(default_factory=dict)
-    percentiles: list[float] = Field(default_factory=list)
-    input_tokens_exact: bool | None = None
-    levels: list[LevelSummary] = Field(default_factory=list)
-    knee: int | None = None
-
-
-def parse_slos(text: str) -> dict[str, float]:
-    """`ttft_ms=200,tpot_ms=50` -> {"ttft_ms": 200.0, "tpot_ms": 50.0}."""
-    slos: dict[str, float] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        if not sep or key not in SLO_KEYS:
-            raise UsageError(f"slo {part!r} is not KEY=MS; accepted keys: {', '.join(SLO_KEYS)}")
-        try:
-            slos[key] = float(value)
-        except ValueError:
-            raise UsageError(f"slo {part!r}: {value!r} is not a number of ms") from None
-        if not math.isfinite(slos[key]) or slos[key] <= 0:
-            raise UsageError(f"slo {part!r} must be a positive number of ms")
-    return slos
-
-
-def parse_percentiles(text: str) -> list[float]:
-    try:
-        qs = [float(p) for p in text.split(",") if p.strip()]
-    except ValueError:
-        raise UsageError(f"percentiles {text!r}: expected numbers like 50,90,99") from None
-    if not qs or any(not 0 <= q <= 100 for q in qs):
-        raise UsageError(f"percentiles {text!r}: each must be within 0..100")
-    return qs
-
-
-#: The parameters a sweep may vary: the load, and the shape of each request.
-SWEEP_AXES = (
-    "concurrency", "rate", "arrivals", "burstiness", "max_concurrency", "input_tokens",
-    "max_tokens", "num_prompts", "requests", "duration_s", "api",
-)  # fmt: skip
 
 
 class ServeBenchmark(BenchmarkBase):
@@ -156,60 +102,7 @@ class ServeBenchmark(BenchmarkBase):
         self._ignore_eos = False
 
     def parameters(self) -> list[ParamSpec]:
-        return [
-            ParamSpec(name="load", type="str", default="concurrency",
-                      choices=["concurrency", "rate", "sweep"],
-                      help="fixed concurrency, a request rate, or a sweep to the knee"),
-            ParamSpec(name="concurrency", type="int", default=8, min=1, max=100_000,
-                      help="requests in flight (load=concurrency)"),
-            ParamSpec(name="rate", type="float", default=None, min=0.001, nullable=True,
-                      help="requests/s (load=rate)"),
-            ParamSpec(name="arrivals", type="str", default="poisson",
-                      choices=["poisson", "gamma", "constant"],
-                      help="arrival process for load=rate and the sweep's rates"),
-            ParamSpec(name="burstiness", type="float", default=1.0, min=0.01, max=100.0,
-                      help="gamma shape: <1 burstier than Poisson, 1 Poisson, >1 smoother"),
-            ParamSpec(name="max_concurrency", type="int", default=None, min=1, nullable=True,
-                      help="cap on requests in flight at a rate; waits are queue wait"),
-            ParamSpec(name="requests", type="int", default=100, min=1, nullable=True,
-                      help="measured requests per level (with duration_s: whichever first)"),
-            ParamSpec(name="duration_s", type="float", default=None, min=0.01, nullable=True,
-                      help="measured seconds per level"),
-            ParamSpec(name="warmup", type="int", default=0, min=0,
-                      help="warm-up requests per level, not measured"),
-            ParamSpec(name="warmup_s", type="float", default=0.0, min=0.0,
-                      help="warm-up seconds per level, not measured"),
-            ParamSpec(name="cooldown", type="int", default=0, min=0,
-                      help="cool-down requests per level (load kept on), not measured"),
-            ParamSpec(name="cooldown_s", type="float", default=0.0, min=0.0,
-                      help="cool-down seconds per level, not measured"),
-            ParamSpec(name="max_error_rate", type="float", default=0.5, min=0.0, max=1.0,
-                      nullable=True, help="stop a level (and a sweep) above this error rate"),
-            ParamSpec(name="sweep_levels", type="int", default=5, min=1, max=100,
-                      help="rates between the concurrency-1 rate and saturation"),
-            ParamSpec(name="sweep_concurrency", type="int", default=64, min=2, max=100_000,
-                      help="the sweep's saturating concurrency"),
-            ParamSpec(name="prompts", type="str", default="synthetic",
-                      help="synthetic, gsm8k, or a JSONL file (prompt or messages a line)"),
-            ParamSpec(name="input_tokens", type="int", default=128, min=1, max=1_000_000,
-                      help="synthetic prompt length (exact where the server tokenizes)"),
-            ParamSpec(name="num_prompts", type="int", default=64, min=1, max=100_000,
-                      help="distinct synthetic prompts, used in turn"),
-            ParamSpec(name="max_tokens", type="int", default=128, min=1, max=1_000_000,
-                      help="output token cap per request"),
-            ParamSpec(name="api", type="str", default="chat", choices=["chat", "completions"],
-                      help="/chat/completions (messages) or /completions (a prompt string)"),
-            ParamSpec(name="ignore_eos", type="bool", default=True,
-                      help="ask the server to generate max_tokens regardless of EOS"),
-            ParamSpec(name="temperature", type="float", default=0.0, min=0.0, max=2.0,
-                      help="sampling temperature"),
-            ParamSpec(name="slo", type="str", default="",
-                      help="SLOs for goodput: ttft_ms=200,tpot_ms=50,e2e_ms=5000,itl_ms=..."),
-            ParamSpec(name="percentiles", type="str", default="50,90,99",
-                      help="percentiles reported (plus mean and max)"),
-            ParamSpec(name="seed", type="int", default=0, min=0,
-                      help="prompts and arrival times"),
-        ]  # fmt: skip
+        return serve_parameters()
 
     def sweep_axes(self) -> list[str]:
         return list(SWEEP_AXES)
@@ -384,8 +277,9 @@ class ServeBenchmark(BenchmarkBase):
         result.total = state.spec.measure.count
         result.summary = (
             f"{state.recent_rate(now):.1f} req/s · in flight {state.in_flight} · "
-            f"measured {len(state.measured)} · TTFT p50/p90 {_ms(ttft, 50)}/{_ms(ttft, 90)} ms · "
-            f"TPOT p50/p90 {_ms(tpots, 50)}/{_ms(tpots, 90)} ms · errors {errors}"
+            f"measured {len(state.measured)} · "
+            f"TTFT p50/p90 {ms_text(ttft, 50)}/{ms_text(ttft, 90)} ms · "
+            f"TPOT p50/p90 {ms_text(tpots, 50)}/{ms_text(tpots, 90)} ms · errors {errors}"
         )
         result.logs = list(self.logs)
         result.errors, result.level, result.in_flight = errors, state.spec.label, state.in_flight
@@ -413,15 +307,16 @@ class ServeBenchmark(BenchmarkBase):
         metrics["input_tokens_exact"] = None if exact is None else int(exact)
         metrics["ignore_eos"] = int(self._ignore_eos)
         self._final_logs(levels)
-        table = _table(levels, k, self.percentiles)
+        table = levels_table(levels, k, self.percentiles)
         head = levels[k] if k is not None else (levels[0] if levels else None)
         summary = "no level ran"
         if head is not None:
             m = head.metrics
             summary = (
                 f"{len(levels)} level(s); {'knee ' if len(levels) > 1 else ''}{head.label}: "
-                f"{_num(m.get('request_throughput'))} req/s, "
-                f"{_num(m.get('output_throughput'))} tok/s, goodput {_num(m.get('goodput'))}"
+                f"{num_text(m.get('request_throughput'))} req/s, "
+                f"{num_text(m.get('output_throughput'))} tok/s, "
+                f"goodput {num_text(m.get('goodput'))}"
             )
         return BenchmarkResult(
             status=Status.COMPLETED,
@@ -480,41 +375,3 @@ class ServeBenchmark(BenchmarkBase):
         if self._client is not None:
             client, self._client = self._client, None
             await client.__aexit__(None, None, None)
-
-
-def _ms(values: list[float], q: float) -> str:
-    p = percentile(values, q)
-    return "-" if p is None else f"{p * 1000:.1f}"
-
-
-def _num(x: float | int | None) -> str:
-    """Three significant digits, never an exponent (1080, not 1.08e+03)."""
-    if x is None:
-        return "-"
-    if abs(x) >= 100:
-        return f"{x:.0f}"
-    return f"{x:.3g}"
-
-
-def _table(levels: list[LevelSummary], knee_index: int | None, qs: list[float]) -> Table:
-    lo = "p" + q_text(50 if 50 in qs else qs[0])
-    hi = "p" + q_text(90 if 90 in qs else qs[-1])
-    cols = [
-        "level", "req/s", "out tok/s", "peak tok/s", f"TTFT {lo}", f"TTFT {hi}",
-        f"TPOT {lo}", f"TPOT {hi}", f"ITL {lo}", f"E2E {lo}", "goodput", "err", "lag p99",
-    ]  # fmt: skip
-    rows = []
-    for lv in levels:
-        m = lv.metrics
-        name = lv.label + (" *knee" if knee_index is not None and lv.index == knee_index else "")
-
-        def ms(key: str, m: dict[str, float | int | None] = m) -> str:
-            return _num(m.get(key))
-
-        rows.append([
-            name, _num(m.get("request_throughput")), _num(m.get("output_throughput")),
-            m.get("peak_output_tps"), ms(f"ttft_ms_{lo}"), ms(f"ttft_ms_{hi}"),
-            ms(f"tpot_ms_{lo}"), ms(f"tpot_ms_{hi}"), ms(f"itl_ms_{lo}"), ms(f"e2e_ms_{lo}"),
-            _num(m.get("goodput")), m.get("errors"), ms("sched_lag_ms_p99"),
-        ])  # fmt: skip
-    return Table(columns=[*cols[:4], *(c + " ms" if " p" in c else c for c in cols[4:])], rows=rows)

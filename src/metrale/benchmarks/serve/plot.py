@@ -15,7 +15,7 @@ from metrale.errors import UsageError
 
 def plot_serve(directory: Path, out: Path) -> Path:
     """Draw the curve of `directory` into the PNG `out`; return its path."""
-    from metrale.benchmarks.serve.benchmark import LEVELS_FILE, ServeLevels
+    from metrale.benchmarks.serve.params import LEVELS_FILE, ServeLevels
 
     try:
         import matplotlib  # noqa: F401

@@ -1,0 +1,46 @@
+"""serve's table: one row per load level, latencies in ms, the knee marked."""
+
+from __future__ import annotations
+
+from metrale.benchmarks.serve.metrics import q_text
+from metrale.benchmarks.serve.params import LevelSummary
+from metrale.plugin import Table
+from metrale.stats import percentile
+
+
+def ms_text(values: list[float], q: float) -> str:
+    p = percentile(values, q)
+    return "-" if p is None else f"{p * 1000:.1f}"
+
+
+def num_text(x: float | int | None) -> str:
+    """Three significant digits, never an exponent (1080, not 1.08e+03)."""
+    if x is None:
+        return "-"
+    if abs(x) >= 100:
+        return f"{x:.0f}"
+    return f"{x:.3g}"
+
+
+def levels_table(levels: list[LevelSummary], knee_index: int | None, qs: list[float]) -> Table:
+    lo = "p" + q_text(50 if 50 in qs else qs[0])
+    hi = "p" + q_text(90 if 90 in qs else qs[-1])
+    cols = [
+        "level", "req/s", "out tok/s", "peak tok/s", f"TTFT {lo}", f"TTFT {hi}",
+        f"TPOT {lo}", f"TPOT {hi}", f"ITL {lo}", f"E2E {lo}", "goodput", "err", "lag p99",
+    ]  # fmt: skip
+    rows = []
+    for lv in levels:
+        m = lv.metrics
+        name = lv.label + (" *knee" if knee_index is not None and lv.index == knee_index else "")
+
+        def ms(key: str, m: dict[str, float | int | None] = m) -> str:
+            return num_text(m.get(key))
+
+        rows.append([
+            name, num_text(m.get("request_throughput")), num_text(m.get("output_throughput")),
+            m.get("peak_output_tps"), ms(f"ttft_ms_{lo}"), ms(f"ttft_ms_{hi}"),
+            ms(f"tpot_ms_{lo}"), ms(f"tpot_ms_{hi}"), ms(f"itl_ms_{lo}"), ms(f"e2e_ms_{lo}"),
+            num_text(m.get("goodput")), m.get("errors"), ms("sched_lag_ms_p99"),
+        ])  # fmt: skip
+    return Table(columns=[*cols[:4], *(c + " ms" if " p" in c else c for c in cols[4:])], rows=rows)
