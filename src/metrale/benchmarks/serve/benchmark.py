@@ -57,6 +57,7 @@ from metrale.plugin import (
     Status,
 )
 from metrale.rollout import BenchmarkBase
+from metrale.stats import percentile
 
 
 class ServeBenchmark(BenchmarkBase):
