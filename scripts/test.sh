@@ -5,9 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# bubblewrap: the bwrap runtime; psmisc: fuser (the agentic task's teardown); curl: agent checks.
+# bubblewrap: the bwrap runtime; psmisc: fuser (the agentic task's teardown); curl: agent checks;
+# chromium: renders `metrale report --html` headless (tests/matrix/test_html.py).
 missing=()
-for tool in bwrap:bubblewrap fuser:psmisc curl:curl; do
+for tool in bwrap:bubblewrap fuser:psmisc curl:curl chromium:chromium; do
     command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
 done
 if ((${#missing[@]})); then

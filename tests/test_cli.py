@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -97,8 +98,12 @@ def test_table_shows_p50_with_p10_p90(sim, tmp_path: Path) -> None:
     )
     assert proc.returncode == 0
     header, row = proc.stdout.splitlines()[:2]
-    assert header.split() == ["e2e", "err", "rew", "setup", "generation", "scoring", "total"]
+    names = re.findall(r"(\w+)(?: \((µs|ms|s)\))?", header)
+    assert [n for n, _ in names] == ["e2e", "err", "rew", "setup", "generation", "scoring", "total"]
+    # every duration column names its one unit; err and rew are counts and a mean
+    assert [bool(u) for _, u in names] == [True, False, False, True, True, True, True]
     assert row.count("–") == 4 and row.count("(") == 4
+    assert "0.000" not in row and "e-" not in row
 
 
 def test_an_endpoint_failing_mid_run_is_recorded_and_the_rest_finish(sim_factory, tmp_path) -> None:
@@ -193,3 +198,25 @@ def test_plot_on_a_run_without_a_figure_says_so(sim, tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "a gsm8k run has no figure of its own" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_e2e_is_one_number_in_run_and_report(sim, tmp_path: Path) -> None:
+    """e2e is the work phase (`RunSummary.e2e_s`), printed the same by run and report; the
+    whole run's wall clock is result.json's `wall_s`, never called e2e."""
+    from metrale.fmt import duration_unit, in_unit
+
+    out = tmp_path / "run"
+    proc = run_cli(["run", "gsm8k", "--target", sim.url, "--rollouts", "6", "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    header, row = proc.stdout.splitlines()[:2]
+    saved = json.loads((out / "result.json").read_text())
+    e2e = saved["result"]["metrics"]["e2e_s"]
+    assert "e2e_s" not in saved and saved["wall_s"] >= e2e > 0
+    unit = duration_unit([e2e])
+    assert header.startswith(f"e2e ({unit})") and row.split()[0] == in_unit(e2e, unit)
+    report = run_cli(["report", str(out)])
+    assert report.returncode == 0, report.stderr
+    cells = [x.strip() for x in report.stdout.splitlines()[2].strip("|").split("|")]
+    assert report.stdout.splitlines()[0].split("|")[3].strip() == f"e2e ({unit})"
+    assert cells[2] == row.split()[0]  # the same text in both
+    assert abs(float(cells[2]) / {"µs": 1e6, "ms": 1e3, "s": 1}[unit] - e2e) <= 0.005 * e2e

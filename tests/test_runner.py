@@ -2,8 +2,8 @@
 
 import io
 
+from metrale.live import PlainView as LiveProgress
 from metrale.plugin import BenchmarkResult, LogLine, Status
-from metrale.runner import LiveProgress
 
 
 def snap(summary: str, elapsed: float, status: Status = Status.RUNNING) -> BenchmarkResult:

@@ -3,8 +3,8 @@
 The run directory (`runs/<UTC timestamp>-<benchmark>/` or `--out`) holds `run.json` (parameters,
 target, model, metrale version, preflight), `rollouts.jsonl` (appended and flushed as each
 rollout ends) and `result.json` (the final snapshot: metrics, stage summaries, verdict), written
-last and atomically. The runner owns the live progress display; it knows nothing of what a
-benchmark measures.
+last and atomically. The runner feeds the live view (`metrale.live`) every event; it knows
+nothing of what a benchmark measures.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from metrale.errors import (
     RecordWriteError,
     UsageError,
 )
+from metrale.live import View, make_view
 from metrale.plugin import (
     Benchmark,
     BenchmarkResult,
@@ -69,10 +70,14 @@ class RunInfo(BaseModel):
 
 
 class RunResult(BaseModel):
+    """`result.json`. `wall_s` is the whole run (load, preflight, the work, cleanup); the e2e
+    that run, matrix and report print is the work alone: `result.metrics["e2e_s"]`
+    (`RunSummary.e2e_s`)."""
+
     info: RunInfo
     run_dir: str
     result: BenchmarkResult
-    e2e_s: float
+    wall_s: float
     exit_code: int
 
 
@@ -151,7 +156,7 @@ async def run(request: RunRequest) -> RunResult:
     work, so a run that could not keep its records never starts.
     """
     bench, values = prepare(request)
-    display = LiveProgress(request.progress)
+    display = make_view(request.progress)
     run_dir = new_run_dir(request)
     resume = _resume(request, bench, values, run_dir) if request.resume else None
     artifacts = RunArtifacts(run_dir)
@@ -169,7 +174,7 @@ async def _run_in(
     request: RunRequest,
     bench: Benchmark,
     values: dict[str, Any],
-    display: LiveProgress,
+    display: View,
     artifacts: RunArtifacts,
     resume: ResumeRecords | None,
 ) -> RunResult:
@@ -244,11 +249,11 @@ async def _run_in(
         except asyncio.CancelledError:
             interrupted.set()
         display.close()
-        e2e = time.perf_counter() - started
+        wall = time.perf_counter() - started
         final.verdict = final.verdict.merged(check_bounds(final.metrics, request.budgets))
         code = EXIT_INTERRUPTED if interrupted.is_set() else exit_code(final)
         outcome = RunResult(
-            info=info, run_dir=str(artifacts.run_dir), result=final, e2e_s=e2e, exit_code=code
+            info=info, run_dir=str(artifacts.run_dir), result=final, wall_s=wall, exit_code=code
         )
         try:
             if final.measured is not None:
@@ -278,65 +283,3 @@ def exit_code(result: BenchmarkResult) -> int:
     if rollouts and errors == rollouts:
         return EXIT_RUN_FAILED
     return EXIT_VERDICT_FAILED if result.verdict.passed is False else EXIT_OK
-
-
-class LiveProgress:
-    """One refreshing status line on a terminal; plain lines, at most every 2 s, otherwise."""
-
-    def __init__(self, stream: TextIO | None, interval_s: float = 2.0) -> None:
-        self.stream = stream
-        self.tty = bool(stream is not None and stream.isatty())
-        self.interval_s = interval_s
-        self._last_emit = 0.0
-        self._last_text = ""
-        self._last_key = ""
-        self.heartbeat_s = 30.0
-        self._phase = ""
-
-    def _write(self, text: str, *, force: bool = False, key: str | None = None) -> None:
-        """Show `text`. Off a terminal, a line is written when `key` (what the line says, less
-        any clock) changed and `interval_s` passed, or as a heartbeat every `heartbeat_s`."""
-        if self.stream is None:
-            return
-        if self.tty:
-            self.stream.write("\r\x1b[2K" + text)
-            self.stream.flush()
-            self._last_text = text
-            return
-        key = text if key is None else key
-        now = time.monotonic()
-        since = now - self._last_emit
-        changed = key != self._last_key
-        if force or (changed and since >= self.interval_s) or since >= self.heartbeat_s:
-            self.stream.write(text + "\n")
-            self.stream.flush()
-            self._last_emit, self._last_text, self._last_key = now, text, key
-
-    def phase(self, name: str) -> None:
-        if name != self._phase:
-            self._phase = name
-            self._write(f"[{name}]", force=True)
-
-    def progress(self, done: int, total: int | None) -> None:
-        self._write(f"[{self._phase}] {done}/{total if total is not None else '?'}")
-
-    def snapshot(self, result: BenchmarkResult) -> None:
-        key = f"[{result.phase}] {result.summary}"
-        text = f"{key}  ({result.elapsed_s:.1f} s)"
-        self._write(text, force=result.status is not Status.RUNNING, key=key)
-
-    def log(self, line: LogLine) -> None:
-        if self.stream is None:
-            return
-        if self.tty and self._last_text:
-            self.stream.write("\r\x1b[2K")
-        prefix = {"info": "", "warn": "warning: ", "error": "error: "}[line.level]
-        self.stream.write(prefix + line.message + "\n")
-        if self.tty and self._last_text:
-            self.stream.write(self._last_text)
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.stream is not None and self.tty and self._last_text:
-            self.stream.write("\n")
-            self.stream.flush()

@@ -57,27 +57,13 @@ class Spread(BaseModel):
             max=max(values),
         )
 
-    def cell(self, digits: int = 3) -> str:
-        """`p50 (p10–p90)` in seconds, the form of every stage column; `-` when empty."""
-        if self.p50 is None or self.p10 is None or self.p90 is None:
-            return "-"
-        return f"{_fmt(self.p50, digits)} ({_fmt(self.p10, digits)}–{_fmt(self.p90, digits)})"
+    def cell(self, unit: str | None = None, digits: int = 3) -> str:
+        """`p50 (p10–p90)` in `unit` (µs, ms or s; default: the one its p50 reads best in),
+        three significant figures; `-` when empty. The form of every stage column
+        (`metrale.fmt`)."""
+        from metrale.fmt import duration_unit, spread_text
 
-
-def _fmt(x: float, digits: int) -> str:
-    """Seconds as plain decimals (never scientific): 3 places below 10 s, fewer above,
-    and two significant digits below 1 ms so that microseconds still show."""
-    if x == 0:
-        return "0"
-    ax = abs(x)
-    if ax >= 100:
-        return f"{x:.0f}"
-    if ax >= 10:
-        return f"{x:.1f}"
-    if ax >= 0.001:
-        return f"{x:.{digits}f}"
-    places = 1 - math.floor(math.log10(ax))
-    return f"{x:.{places}f}"
+        return spread_text(self, unit or duration_unit([self.p50]), digits)
 
 
 class Interval(BaseModel):

@@ -102,19 +102,31 @@ def test_report_is_the_files_numbers(sweep) -> None:  # type: ignore[no-untyped-
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     header = [h.strip() for h in lines[0].strip("|").split("|")]
-    assert header == ["cell", "conc", "e2e", "err", "rew", *SUMMARY_STAGES]
+    names = [h.partition(" (")[0] for h in header]
+    assert names == ["cell", "conc", "e2e", "err", "rew", *SUMMARY_STAGES]
+    units = {n: h.partition(" (")[2].rstrip(")") for n, h in zip(names, header, strict=True)}
+    assert all(units[n] in ("µs", "ms", "s") for n in ("e2e", *SUMMARY_STAGES)), header
     assert set(lines[1]) <= {"|", "-"}
     rows = [[x.strip() for x in line.strip("|").split("|")] for line in lines[2:]]
     assert sorted(r[0] for r in rows) == CELLS
     for row in rows:
         c = cells[row[0]]
         assert row[1] == ("∞" if c.max_concurrent is None else str(c.max_concurrent))
-        assert row[2] == f"{c.e2e_s:.2f}" and row[3] == "0" and row[4] == "0.000"
+        assert c.e2e_s is not None
+        assert_sig3(row[2], c.e2e_s * SCALE[units["e2e"]])
+        assert row[3] == "0" and row[4] == "0"
         for text, stage in zip(row[5:], SUMMARY_STAGES, strict=True):
-            assert_spread_text(text, c.durations[stage])
+            assert_spread_text(text, [x * SCALE[units[stage]] for x in c.durations[stage]])
     csv_proc = run_cli(["report", str(out), "--csv"])
-    parsed = list(csv.reader(io.StringIO(csv_proc.stdout)))
-    assert parsed[1:] == rows
+    parsed = list(csv.DictReader(io.StringIO(csv_proc.stdout)))
+    assert sorted(r["cell"] for r in parsed) == CELLS
+    for r in parsed:
+        c = cells[r["cell"]]
+        assert r["max_concurrent"] == ("" if c.max_concurrent is None else str(c.max_concurrent))
+        assert float(r["e2e_s"]) == c.e2e_s
+        for stage in SUMMARY_STAGES:
+            values = c.durations[stage]
+            assert float(r[f"{stage}_p50_s"]) == pytest.approx(statistics.median(values))
 
 
 def test_plot_writes_a_png_of_four_panels(sweep, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -188,16 +200,25 @@ def noise_tolerance(*run_dirs: Path) -> float:
     return min(0.95, max(0.05, *ratios))
 
 
+SCALE = {"µs": 1e6, "ms": 1e3, "s": 1.0}
+
+
+def assert_sig3(shown: str, expected: float) -> None:
+    """`shown` is `expected` to three significant figures (off by at most half a unit in the
+    third figure: 0.5% of the value)."""
+    assert "e" not in shown, shown
+    assert abs(float(shown) - expected) <= 0.005 * abs(expected) + 1e-12, (shown, expected)
+
+
 def assert_spread_text(text: str, values: list[float]) -> None:
-    """`p50 (p10–p90)` agrees, to its printed places, with percentiles computed here by the
-    standard library (inclusive quantiles = linear interpolation between closest ranks)."""
+    """`p50 (p10–p90)` agrees, to three significant figures, with percentiles computed here by
+    the standard library (inclusive quantiles = linear interpolation between closest ranks)."""
     p50_text, _, rest = text.partition(" (")
     p10_text, _, p90_text = rest.rstrip(")").partition("–")
     deciles = statistics.quantiles(values, n=10, method="inclusive")
     for shown, expected in ((p50_text, statistics.median(values)), (p10_text, deciles[0]),
                             (p90_text, deciles[-1])):  # fmt: skip
-        places = len(shown.partition(".")[2])
-        assert abs(float(shown) - expected) <= 0.5 * 10**-places + 1e-12, (text, values)
+        assert_sig3(shown, expected)
 
 
 @pytest.mark.parametrize(
@@ -209,6 +230,8 @@ def assert_spread_text(text: str, values: list[float]) -> None:
         (["matrix", "--config", "{toml}"], "is not valid TOML"),
         (["report", "{empty}"], "holds no cell files"),
         (["plot", "{empty}", "-o", "x.png"], "nothing to plot"),
+        (["plot", "{empty}", "-o", "x.jpg"], "accepted: .png, .svg, .pdf"),
+        (["report", "{empty}", "--csv", "--json"], "not allowed with argument"),
         (["compare", "{empty}", "{empty}"], "holds no cell files"),
     ],
 )

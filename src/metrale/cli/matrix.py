@@ -62,6 +62,7 @@ def add_parser(sub: Any, bench: type[Benchmark] | None = None) -> None:
     )
     p.add_argument("--only", metavar="GLOBS", help="run only cells whose name matches")
     p.add_argument("--no-preflight", action="store_true", help="skip the 2+2 sanity check")
+    p.add_argument("-q", "--quiet", action="store_true", help="no live progress of each cell")
     p.value_hints = add_bench_args(p, group, bench, sweep=True)
     p.set_defaults(handler=handle, bench_cls=bench)
 
@@ -115,6 +116,7 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
                 targets,  # type: ignore[arg-type]
                 client_options=client_options(args),
                 preflight=not args.no_preflight,
+                progress=None if args.quiet else sys.stderr,
                 cells=cells,
                 runtime_retries=args.retries_runtime or 0,
                 resume=args.resume,

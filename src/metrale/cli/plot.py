@@ -13,11 +13,11 @@ from metrale.errors import UsageError
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("plot", help="plot a sweep or a serve run directory to a PNG")
+    p = sub.add_parser("plot", help="plot a sweep or a serve run directory (PNG, SVG or PDF)")
     p.add_argument(
         "dir", type=Path, metavar="DIR", help="a 'metrale matrix' or serve run directory"
     )
-    p.add_argument("-o", "--output", type=Path, required=True, metavar="FILE.png")
+    p.add_argument("-o", "--output", type=Path, required=True, metavar="FILE.{png,svg,pdf}")
     p.set_defaults(handler=handle)
 
 
@@ -26,10 +26,12 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
     run directory of a benchmark that draws its own figure (`plugin.PlotsRuns`, e.g. serve's
     latency against throughput)."""
     from metrale.matrix import is_cell_dir
+    from metrale.matrix.plot import figure_format
     from metrale.plugin import PlotsRuns, get_benchmark
     from metrale.rundir import run_benchmark_id
 
     no_extra(extra)
+    figure_format(args.output)  # the format, from the extension, before any work
     bench_id = run_benchmark_id(args.dir)  # a run directory has a run.json; a sweep has none
     if bench_id is not None:
         bench = get_benchmark(bench_id)

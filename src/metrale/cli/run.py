@@ -84,6 +84,7 @@ def add_parser(sub: Any, bench: type[Benchmark] | None = None) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the final result as JSON")
     p.add_argument("--no-preflight", action="store_true", help="skip the 2+2 sanity check")
+    p.add_argument("-q", "--quiet", action="store_true", help="no live progress")
     p.value_hints = add_bench_args(p, group, bench, sweep=False)
     p.set_defaults(handler=handle, bench_cls=bench)
 
@@ -152,6 +153,7 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
             overwrite=args.overwrite,
             budgets=budgets,
             preflight=not args.no_preflight,
+            progress=None if args.quiet else sys.stderr,
             runtime=runtime,
             runtime_retries=args.retries_runtime or 0,
         )

@@ -43,6 +43,13 @@ def add_runtime_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None
         metavar="PER_S",
         help="at most this many sandbox starts per second",
     )
+    g.add_argument(
+        "--start-limit",
+        type=non_negative_int,
+        metavar="N",
+        help="sandbox starts in flight at once (default: adaptive, from the cores and the "
+        "measured start latency; 0 = no bound); the wait for a slot is recorded as setup_wait",
+    )
     g.add_argument("--image", help="docker: image (default metrale/base:bookworm)")
     g.add_argument("--docker-cli", metavar="CLI", help="docker: CLI to use (docker, podman)")
     g.add_argument("--ray-address", metavar="ADDR", help="ray: auto, HOST:PORT or local")
@@ -146,6 +153,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--ro-bind": ("ro_bind", "ro_binds"),
     "--output-cap": ("output_cap", "output_cap_bytes"),
     "--runtime-rate": ("runtime_rate", "start_rate"),
+    "--start-limit": ("start_limit", "start_limit"),
     "--tmp-mb": ("tmp_mb", "tmp_mb"),
     "--env": ("env", "env"),
     "--network": ("network", "network"),
@@ -154,7 +162,9 @@ _FLAGS: dict[str, tuple[str, str]] = {
 
 def given_runtime_flags(args: argparse.Namespace) -> list[str]:
     """The runtime flags the user gave, `--runtime none` excepted (it asks for no runtime)."""
-    given = [flag for flag, (dest, _) in _FLAGS.items() if getattr(args, dest, None)]
+    given = [
+        flag for flag, (dest, _) in _FLAGS.items() if getattr(args, dest, None) not in (None, False)
+    ]
     if getattr(args, "retries_runtime", None) is not None:
         given.insert(0, "--retries-runtime")
     runtime = getattr(args, "runtime", None)

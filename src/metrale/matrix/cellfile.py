@@ -186,7 +186,7 @@ def cell_from_run_dir(run_dir: Path) -> CellResult:
             result = outcome.get("result") or {}
             if result.get("status") == "failed":
                 cell.status, cell.error = "failed", result.get("error")
-            cell.e2e_s = outcome.get("e2e_s")
+            cell.e2e_s = (result.get("metrics") or {}).get("e2e_s")  # the work, not the wall
             summary = run_dir / "summary.json"
             if summary.is_file():
                 return cell.with_summary(RunSummary.model_validate_json(summary.read_bytes()))

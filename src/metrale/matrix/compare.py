@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from metrale.errors import UsageError
+from metrale.fmt import duration_text, number_text
 from metrale.matrix.cellfile import (
     CellResult,
     cell_from_run_dir,
@@ -30,7 +31,7 @@ from metrale.matrix.cellfile import (
     read_cell,
     read_cells,
 )
-from metrale.matrix.report import declared_metrics, seconds_text
+from metrale.matrix.report import declared_metrics
 from metrale.plugin import Metric, find_metric
 from metrale.rollout import ROLLOUT_METRICS
 from metrale.stats import bootstrap_diff
@@ -211,16 +212,11 @@ def _units(result: Comparison) -> dict[str, str]:
 
 
 def _duration(x: float | None, signed: bool = False) -> str:
-    if x is None:
-        return "-"
-    text = seconds_text(x)
-    return ("+" + text) if signed and x > 0 else text
+    return duration_text(x, signed=signed)
 
 
 def _plain(x: float | None, signed: bool = False) -> str:
-    if x is None:
-        return "-"
-    return f"{x:+.3g}" if signed else f"{x:.3g}"
+    return number_text(x, signed=signed)
 
 
 def _raw(v: object) -> object:

@@ -10,7 +10,6 @@ stops the sweep and leaves the cells already written.
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -198,12 +197,12 @@ async def run_cell(cell: Cell, request: runner.RunRequest) -> CellResult:
         started_at=datetime.now(UTC).isoformat(),
         run_dir=str(request.out),
     )
-    started = time.perf_counter()
     try:
         outcome = await runner.run(request)
     except Exception as exc:  # the cell failed to run at all: record why and go on
         base.status, base.error = "failed", _one_line(exc)
-        base.e2e_s = time.perf_counter() - started
+        # e2e is the work phase as the benchmark clocked it; a run that raised never said it
+        base.e2e_s = None
         assert request.out is not None
         return summarize(read_records(request.out / "rollouts.jsonl"), base)
     base.started_at = outcome.info.started_at
@@ -219,12 +218,16 @@ async def run_cell(cell: Cell, request: runner.RunRequest) -> CellResult:
 
 def cell_line(cell: CellResult) -> str:
     """The line printed as each cell finishes; e2e is the summary's (the work phase)."""
+    from metrale.fmt import duration_text, duration_unit, number_text
+
     total = Spread.of(cell.stage("total"))
-    e2e = "-" if cell.e2e_s is None else f"{cell.e2e_s:.2f} s"
-    reward = "-" if cell.reward_mean is None else f"{cell.reward_mean:.3f}"
-    text = f"{cell.cell}  e2e {e2e}  err {cell.errors}/{cell.records}  rew {reward}"
+    text = (
+        f"{cell.cell}  e2e {duration_text(cell.e2e_s)}  err {cell.errors}/{cell.records}  "
+        f"rew {number_text(cell.reward_mean)}"
+    )
     if total.n:
-        text += f"  total {total.cell()} s"
+        unit = duration_unit([total.p50])
+        text += f"  total {total.cell(unit)} {unit}"
     if cell.status == "failed":
         text += f"  FAILED: {cell.error}"
     return text

@@ -185,16 +185,30 @@ def build_figure(cells: Sequence[CellResult]) -> Figure:
     return fig
 
 
+#: What `-o` may end in, and the format matplotlib writes for it.
+FORMATS: dict[str, str] = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
+
+
+def figure_format(out: Path) -> str:
+    """The format of `out` by its extension (png, svg or pdf), or a UsageError naming them."""
+    fmt = FORMATS.get(out.suffix.lower())
+    if fmt is None:
+        accepted = ", ".join(FORMATS)
+        raise UsageError(
+            f"-o {out}: cannot tell the format from its extension; accepted: {accepted}"
+        )
+    return fmt
+
+
 def plot_cells(cells: Sequence[CellResult], out: Path) -> PlotInfo:
-    """Draw `cells` into the PNG `out`."""
+    """Draw `cells` into `out`: a PNG, SVG or PDF by its extension."""
     if not cells:
         raise UsageError("nothing to plot: no cells")
-    if out.suffix.lower() != ".png":
-        raise UsageError(f"-o {out}: the plot is a PNG; give a file name ending in .png")
+    fmt = figure_format(out)
     fig = build_figure(cells)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, format="png", dpi=DPI)
+        fig.savefig(out, format=fmt, dpi=DPI)
     except OSError as exc:
         raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from None
     width, height = fig.canvas.get_width_height()

@@ -1,25 +1,35 @@
-"""The sweep table: one row per cell, from the cells' summaries and the benchmark's declarations.
+"""The sweep table and its exports: one row per cell, from the cells' summaries and the
+benchmark's declarations.
 
-Columns: `cell  conc  e2e  err  rew`, then for rollout benchmarks the stages `setup  generation
-scoring  total` as `p50 (p10–p90)` seconds, then every metric the benchmark declares as a
-column (`Metric.column`: serve's TTFT/TPOT/ITL/E2E p50 and throughputs, agentic's turns and
-s/turn). `conc` is the cell's max_concurrent, `∞` when unbounded (`-` for a benchmark without
-the axis); `e2e` is the summary's e2e in seconds (the work phase: first rollout or request
-started to the last one ended); `err` the failed rollouts (or requests); `rew` the mean reward
-over rollouts that have one. Percentiles are `metrale.stats.percentile`.
+The table (Markdown or plain): `cell  conc  e2e (s)  err  rew`, then for rollout benchmarks
+the stages `setup  generation  scoring  total` as `p50 (p10–p90)`, each column in the one unit
+(µs, ms or s) that `metrale.fmt` chooses for it and names in its header, then every metric the
+benchmark declares as a column (`Metric.column`). `conc` is the cell's max_concurrent, `∞` when
+unbounded (`-` for a benchmark without the axis); `e2e` is the summary's `e2e_s` (the work
+phase: first rollout or request started to the last one ended), the same number `run` and
+`matrix` print; `err` the failed rollouts (or requests); `rew` the mean reward over rollouts
+that have one. Percentiles are `metrale.stats.percentile`.
+
+The exports are for analysis, not reading: numbers only, seconds for every duration.
+`export_rows` gives one flat dict per cell (`<stage>_p10_s`, `_p50_s`, `_p90_s`,
+`max_concurrent` None when unbounded, every declared metric as a number); CSV writes None as an
+empty field, JSON as null.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from typing import Any
 
 from metrale.errors import UsageError
+from metrale.fmt import duration_text, duration_unit, in_unit, number_text, spread_column
 from metrale.matrix.cellfile import CellResult
 from metrale.plugin import SUMMARY_STAGES, Metric, get_benchmark
 from metrale.stats import Spread
 from metrale.table import render
 
-COLUMNS: tuple[str, ...] = ("cell", "conc", "e2e", "err", "rew", *SUMMARY_STAGES)
+STYLES: tuple[str, ...] = ("markdown", "plain", "csv", "json")
 
 
 def declared_metrics(cells: Sequence[CellResult]) -> list[Metric]:
@@ -33,14 +43,13 @@ def declared_metrics(cells: Sequence[CellResult]) -> list[Metric]:
         return []
 
 
-def _columns(cells: Sequence[CellResult]) -> tuple[list[str], list[Metric]]:
-    with_stages = any(any(c.durations.get(s) for s in SUMMARY_STAGES) for c in cells)
-    extra = [m for m in declared_metrics(cells) if m.column and m.name not in SUMMARY_STAGES]
-    cols = ["cell", "conc", "e2e", "err", "rew"]
-    if with_stages or not extra:
-        cols += list(SUMMARY_STAGES)
-    cols += [f"{m.name} ({m.unit})" for m in extra]
-    return cols, extra
+def has_stages(cells: Sequence[CellResult]) -> bool:
+    return any(any(c.durations.get(s) for s in SUMMARY_STAGES) for c in cells)
+
+
+def column_metrics(cells: Sequence[CellResult]) -> list[Metric]:
+    """The declared metrics the table shows beside the stages."""
+    return [m for m in declared_metrics(cells) if m.column and m.name not in SUMMARY_STAGES]
 
 
 def report_rows(cells: Sequence[CellResult]) -> list[list[str]]:
@@ -48,32 +57,101 @@ def report_rows(cells: Sequence[CellResult]) -> list[list[str]]:
 
 
 def report_table(cells: Sequence[CellResult]) -> tuple[list[str], list[list[str]]]:
-    columns, extra = _columns(cells)
-    stages = [s for s in SUMMARY_STAGES if s in columns]
+    """Headers and text rows of the table, columns in the units `metrale.fmt` picks."""
+    extra = column_metrics(cells)
+    stages = list(SUMMARY_STAGES) if has_stages(cells) or not extra else []
+    e2e_unit = duration_unit(c.e2e_s for c in cells)
+    columns = ["cell", "conc", f"e2e ({e2e_unit})", "err", "rew"]
+    body: list[list[str]] = [
+        [
+            c.cell,
+            _conc(c),
+            in_unit(c.e2e_s, e2e_unit),
+            str(c.errors),
+            number_text(c.reward_mean),
+        ]
+        for c in cells
+    ]
+    for stage in stages:
+        unit, texts = spread_column(Spread.of(c.stage(stage)) for c in cells)
+        columns.append(f"{stage} ({unit})")
+        for row, text in zip(body, texts, strict=True):
+            row.append(text)
+    columns += [f"{m.name} ({m.unit})" for m in extra]
+    for row, c in zip(body, cells, strict=True):
+        row += [number_text(c.metrics.get(m.name)) for m in extra]
+    return columns, body
+
+
+def _conc(c: CellResult) -> str:
+    if c.rollouts is None:
+        return "-"
+    return "∞" if c.max_concurrent is None else str(c.max_concurrent)
+
+
+def export_rows(cells: Sequence[CellResult]) -> list[dict[str, Any]]:
+    """One flat dict of numbers per cell: identity, e2e and counts, each stage's p10/p50/p90 in
+    seconds, and every declared metric's value (None where it was not measured)."""
+    metrics = [m for m in declared_metrics(cells) if m.name not in SUMMARY_STAGES]
+    names = list(dict.fromkeys(m.name for m in metrics))
+    for c in cells:  # a benchmark not installed: whatever the files hold
+        names += [k for k in c.metrics if k not in names and not metrics]
+    stages = list(SUMMARY_STAGES) if has_stages(cells) else []
     rows = []
     for c in cells:
-        if c.rollouts is None:
-            conc = "-"
-        else:
-            conc = "∞" if c.max_concurrent is None else str(c.max_concurrent)
-        rows.append([
-            c.cell,
-            conc,
-            "-" if c.e2e_s is None else f"{c.e2e_s:.2f}",
-            str(c.errors),
-            "-" if c.reward_mean is None else f"{c.reward_mean:.3f}",
-            *(Spread.of(c.stage(s)).cell() for s in stages),
-            *(_num(c.metrics.get(m.name)) for m in extra),
-        ])  # fmt: skip
-    return columns, rows
+        row: dict[str, Any] = {
+            "cell": c.cell,
+            "benchmark": c.benchmark,
+            "tier": c.tier,
+            "runtime": c.runtime,
+            "rollouts": c.rollouts,
+            "max_concurrent": c.max_concurrent,
+            "status": c.status,
+            "records": c.records,
+            "errors": c.errors,
+            "e2e_s": c.e2e_s,
+            "reward_mean": c.reward_mean,
+        }
+        for stage in stages:
+            s = Spread.of(c.stage(stage))
+            row[f"{stage}_p10_s"], row[f"{stage}_p50_s"], row[f"{stage}_p90_s"] = (
+                s.p10,
+                s.p50,
+                s.p90,
+            )
+        for name in names:
+            if name not in row:
+                value = c.metrics.get(name)
+                row[name] = value if isinstance(value, int | float) else None
+        row["model"] = c.model
+        row["error"] = c.error
+        rows.append(row)
+    return rows
 
 
-def _num(x: float | int | None) -> str:
-    if x is None:
-        return "-"
-    if abs(x) >= 100:
-        return f"{x:.0f}"
-    return f"{x:.3g}"
+def export_csv(cells: Sequence[CellResult]) -> str:
+    """`export_rows` as CSV: numbers as Python writes them (full precision), None empty."""
+    rows = export_rows(cells)
+    if not rows:
+        return ""
+    columns = list(rows[0])
+    return render(columns, [[_csv(r.get(k)) for k in columns] for r in rows], style="csv")
+
+
+def _csv(value: object) -> object:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(value)
+    return value
+
+
+def export_json(cells: Sequence[CellResult]) -> str:
+    """`export_rows` as a JSON document, each row with its cell's parameters."""
+    rows = export_rows(cells)
+    for row, c in zip(rows, cells, strict=True):
+        row["params"] = c.params
+    return json.dumps({"cells": rows}, indent=1, ensure_ascii=False)
 
 
 def failure_notes(cells: Sequence[CellResult]) -> list[str]:
@@ -82,7 +160,14 @@ def failure_notes(cells: Sequence[CellResult]) -> list[str]:
 
 
 def render_report(cells: Sequence[CellResult], style: str = "markdown") -> str:
-    """The table as Markdown (for a pull request) or CSV; Markdown lists failed cells below it."""
+    """The table as Markdown (for a pull request) or plain text, or an export (CSV, JSON);
+    Markdown lists failed cells below the table."""
+    if style == "csv":
+        return export_csv(cells)
+    if style == "json":
+        return export_json(cells)
+    if style not in STYLES:
+        raise UsageError(f"report style {style!r}; accepted: {', '.join(STYLES)}")
     columns, rows = report_table(cells)
     table = render(columns, rows, style=style)
     notes = failure_notes(cells)
@@ -94,11 +179,4 @@ def render_report(cells: Sequence[CellResult], style: str = "markdown") -> str:
 def seconds_text(x: float, _pos: object = None) -> str:
     """A duration in readable units, 3 significant digits: 250 µs, 12.5 ms, 1.5 s (also a
     matplotlib tick formatter, hence the unused position argument)."""
-    if x == 0:
-        return "0"
-    ax = abs(x)
-    if ax < 1e-3:
-        return f"{x * 1e6:.3g} µs"
-    if ax < 1:
-        return f"{x * 1e3:.3g} ms"
-    return f"{x:.3g} s"
+    return "0" if x == 0 else duration_text(x)

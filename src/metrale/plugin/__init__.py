@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from metrale.errors import UsageError
 from metrale.plugin.handle import Artifacts, PluginHandle, Resume
@@ -90,6 +90,18 @@ class PlotsRuns(Protocol):
     def plot_run(run_dir: Path, output: Path) -> Path: ...
 
 
+@runtime_checkable
+class CurvesRuns(Protocol):
+    """Optional: a benchmark whose run directory holds curves for `metrale report --html`.
+
+    Each panel is `{"title", "x_label", "mark": x or None, "series": [{"name", "dashed",
+    "points": [[x, y, hover text], ...]}]}`; the page draws the axes and lines.
+    """
+
+    @staticmethod
+    def run_curves(run_dir: Path) -> list[dict[str, Any]]: ...
+
+
 def discover() -> dict[str, type[Benchmark]]:
     """Every benchmark registered under the `metrale.benchmarks` entry-point group."""
     found: dict[str, type[Benchmark]] = {}
@@ -124,6 +136,7 @@ __all__ = [
     "Benchmark",
     "BenchmarkResult",
     "Check",
+    "CurvesRuns",
     "Descriptor",
     "LogLine",
     "Metric",

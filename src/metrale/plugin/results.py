@@ -161,6 +161,20 @@ class BenchmarkResult(BaseModel):
     #: the run's one summary, on the final snapshot (None while running, or when nothing ran);
     #: written apart, to summary.json, not inside result.json
     measured: RunSummary | None = Field(default=None, exclude=True, repr=False)
+    # What the live view shows (`metrale.live`); None where the benchmark has no such number.
+    #: failed units so far, and chat-call retries so far
+    errors: int | None = None
+    retries: int | None = None
+    #: running mean reward over finished rollouts that have one
+    reward_mean: float | None = None
+    #: running p50 so far, seconds, by name: stages (generation, total) of finished rollouts,
+    #: or serve's ttft and tpot of the current level
+    running_p50_s: dict[str, float] = Field(default_factory=dict)
+    #: agent turns of the finished rollouts (agentic benchmarks)
+    turns: int | None = None
+    #: serve: the load level running, and its requests in flight
+    level: str | None = None
+    in_flight: int | None = None
 
 
 class Descriptor(BaseModel):

@@ -127,10 +127,11 @@ class RolloutBenchmark(BenchmarkBase):
 
     def summary_text(self, summary: RunSummary) -> str:
         """The one-line summary of a finished run."""
-        reward = summary.reward_mean
+        from metrale.fmt import duration_text, number_text
+
         return (
             f"{summary.records} rollouts, {summary.errors} errors, reward "
-            f"{'-' if reward is None else f'{reward:.3f}'}, e2e {summary.e2e_s or 0:.2f} s"
+            f"{number_text(summary.reward_mean)}, e2e {duration_text(summary.e2e_s)}"
         )
 
     # ------------------------------------------------------------------ the engine
@@ -195,6 +196,7 @@ class RolloutBenchmark(BenchmarkBase):
         p = self.progress
         total = self.values["rollouts"]
         reward = "-" if p.mean_reward is None else f"{p.mean_reward:.3f}"
+        running = {s: p.running_p50(s) for s in ("generation", "total")}
         return BenchmarkResult(
             status=Status.RUNNING,
             phase="rollouts",
@@ -203,6 +205,11 @@ class RolloutBenchmark(BenchmarkBase):
             total=total,
             summary=f"{p.done}/{total} rollouts · {p.errors} errors · reward {reward}",
             logs=list(self.logs),
+            errors=p.errors,
+            retries=p.retries,
+            reward_mean=p.mean_reward,
+            running_p50_s={k: v for k, v in running.items() if v is not None},
+            turns=p.turns,
         )
 
     def final(self) -> BenchmarkResult:
@@ -232,19 +239,25 @@ class RolloutBenchmark(BenchmarkBase):
         return result
 
     def table(self, summary: RunSummary, stages: dict[str, Spread]) -> Table:
-        """The run's table: e2e, errors, reward, the stages, and each declared column."""
+        """The run's table: e2e, errors, reward, the stages, and each declared column, in the
+        numbers of `metrale.fmt` (the same as `metrale report`'s)."""
+        from metrale.fmt import duration_unit, in_unit, number_text
+
         extra = [m for m in self.task_metrics() if m.column]
-        reward = summary.reward_mean
-        return Table(
-            columns=["e2e", "err", "rew", *stages, *(m.name for m in extra)],
-            rows=[[
-                f"{summary.e2e_s or 0:.2f}",
-                summary.errors,
-                "-" if reward is None else f"{reward:.3f}",
-                *(spread.cell() for spread in stages.values()),
-                *(_value(summary.metrics.get(m.name)) for m in extra),
-            ]],
-        )  # fmt: skip
+        e2e_unit = duration_unit([summary.e2e_s])
+        columns = [f"e2e ({e2e_unit})", "err", "rew"]
+        cells: list[object] = [
+            in_unit(summary.e2e_s, e2e_unit),
+            summary.errors,
+            number_text(summary.reward_mean),
+        ]
+        for s in stages:
+            unit = duration_unit([stages[s].p50])
+            columns.append(f"{s} ({unit})")
+            cells.append(stages[s].cell(unit))
+        columns += [f"{m.name} ({m.unit})" for m in extra]
+        cells += [number_text(summary.metrics.get(m.name)) for m in extra]
+        return Table(columns=columns, rows=[cells])
 
     def counters(self) -> dict[str, float | int | None]:
         """Run-level counts beside the declared metrics (not compared, not budgeted)."""
@@ -256,10 +269,6 @@ class RolloutBenchmark(BenchmarkBase):
             "completion_tokens": p.completion_tokens,
             "tokens_counted": 1 if "counted" in p.token_sources else 0,
         }
-
-
-def _value(x: float | int | None) -> str:
-    return "-" if x is None else f"{x:.3g}"
 
 
 def bound_check(metric: str, value: float | None, limit: float, op: str = "<=") -> Check:

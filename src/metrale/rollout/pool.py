@@ -33,7 +33,7 @@ from metrale.rollout.records import (
     StageTiming,
 )
 from metrale.runtime.base import Runtime
-from metrale.stats import Spread
+from metrale.stats import Spread, percentile
 
 if TYPE_CHECKING:
     from metrale.endpoint.client import ChatClient
@@ -95,6 +95,8 @@ class Progress:
     runtime_retries: int = 0
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    #: agent turns over the finished rollouts that count them (None: none does)
+    turns: int | None = None
     token_sources: set[str] = field(default_factory=set)
     error_kinds: dict[str, int] = field(default_factory=dict)
     durations: dict[str, array[float]] = field(
@@ -124,6 +126,8 @@ class Progress:
             self.reward_sum += record.reward
             self.rewarded += 1
         self.retries += record.retries
+        if record.turns is not None:
+            self.turns = (self.turns or 0) + record.turns
         self.runtime_retries += record.runtime_retries
         if record.tokens.prompt is not None:
             self.prompt_tokens = (self.prompt_tokens or 0) + record.tokens.prompt
@@ -158,6 +162,16 @@ class Progress:
         if metric.stat == "ratio":
             return list(zip(values[0::2], values[1::2], strict=True))
         return values
+
+    def running_p50(self, stage: str, limit: int = 4096) -> float | None:
+        """The p50 so far of `stage`'s durations, for the live view: over every value up to
+        `limit` of them, else over an even stride of `limit` (a live estimate that costs the
+        same at a million rollouts as at four thousand; the summary uses every value)."""
+        values = self.durations.get(stage)
+        if not values:
+            return None
+        step = max(1, len(values) // limit)
+        return percentile(sorted(values[::step]), 50)
 
     def spreads(self) -> dict[str, Spread]:
         return {name: Spread.of(sorted(values)) for name, values in self.durations.items()}

@@ -56,6 +56,7 @@ from metrale.plugin import (
     Status,
 )
 from metrale.rollout import BenchmarkBase
+from metrale.stats import percentile
 
 
 class ServeBenchmark(BenchmarkBase):
@@ -70,6 +71,13 @@ class ServeBenchmark(BenchmarkBase):
         summary="An endpoint under load: TTFT, TPOT, ITL, E2E, throughput and goodput at a "
         "fixed concurrency, a request rate, or a sweep that finds the knee.",
     )
+
+    @staticmethod
+    def run_curves(run_dir: Path) -> list[dict[str, Any]]:
+        """`metrale report --html` on a serve run: latency against achieved throughput."""
+        from metrale.benchmarks.serve.plot import serve_curves
+
+        return serve_curves(run_dir)
 
     @staticmethod
     def plot_run(run_dir: Path, output: Path) -> Path:
@@ -273,6 +281,9 @@ class ServeBenchmark(BenchmarkBase):
             f"TPOT p50/p90 {ms_text(tpots, 50)}/{ms_text(tpots, 90)} ms · errors {errors}"
         )
         result.logs = list(self.logs)
+        result.errors, result.level, result.in_flight = errors, state.spec.label, state.in_flight
+        running = {"ttft": percentile(ttft, 50), "tpot": percentile(tpots, 50)}
+        result.running_p50_s = {k: v for k, v in running.items() if v is not None}
         return result
 
     def final(self) -> BenchmarkResult:

@@ -8,6 +8,7 @@ Agg canvas (no pyplot, no display).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from metrale.errors import UsageError
 
@@ -67,3 +68,43 @@ def plot_serve(directory: Path, out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
     return out
+
+
+def serve_curves(directory: Path) -> list[dict[str, Any]]:
+    """The same curves as `plot_serve`, as data for the HTML report (`plugin.CurvesRuns`):
+    TTFT and TPOT p50/p90 (ms) and goodput against each level's achieved request throughput,
+    the knee marked; none when the directory has no levels file or no level completed."""
+    from metrale.benchmarks.serve.benchmark import LEVELS_FILE, ServeLevels
+    from metrale.fmt import number_text
+
+    try:
+        levels = ServeLevels.model_validate_json((directory / LEVELS_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    points = sorted(
+        (lv for lv in levels.levels if lv.metrics.get("request_throughput")),
+        key=lambda lv: float(lv.metrics["request_throughput"] or 0.0),
+    )
+    knee = next((lv for lv in points if lv.index == levels.knee), None)
+    mark = float(knee.metrics["request_throughput"] or 0.0) if knee is not None else None
+
+    def series(key: str, name: str, unit: str, dashed: bool = False) -> dict[str, Any]:
+        pts = []
+        for lv in points:
+            y = lv.metrics.get(key)
+            if y is None:
+                continue
+            x = float(lv.metrics["request_throughput"] or 0.0)
+            tip = f"{lv.label}\n{name} {number_text(y)} {unit}\n{number_text(x)} req/s"
+            pts.append([x, float(y), tip])
+        return {"name": name, "dashed": dashed, "points": pts}
+
+    x_label = "achieved throughput (req/s)"
+    return [
+        {"title": "TTFT (ms)", "x_label": x_label, "mark": mark,
+         "series": [series("ttft_ms_p50", "p50", "ms"), series("ttft_ms_p90", "p90", "ms", True)]},
+        {"title": "TPOT (ms)", "x_label": x_label, "mark": mark,
+         "series": [series("tpot_ms_p50", "p50", "ms"), series("tpot_ms_p90", "p90", "ms", True)]},
+        {"title": "goodput (req/s)", "x_label": x_label, "mark": mark,
+         "series": [series("goodput", "goodput", "req/s")]},
+    ]  # fmt: skip

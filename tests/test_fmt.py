@@ -1,0 +1,93 @@
+"""metrale.fmt: the one way a number is written for a person."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from metrale.fmt import (
+    clock_text,
+    duration_text,
+    duration_unit,
+    in_unit,
+    number_text,
+    sig,
+    spread_column,
+)
+from metrale.stats import Spread
+
+
+@pytest.mark.parametrize(
+    ("x", "text"),
+    [
+        (0.0, "0"),
+        (123.456, "123"),
+        (100.0, "100"),
+        (99.99, "100"),
+        (9.996, "10"),
+        (12.345, "12.3"),
+        (6.3, "6.3"),
+        (1.5, "1.5"),
+        (0.001, "0.001"),
+        (0.00091, "0.00091"),
+        (0.0000038, "0.0000038"),
+        (0.000012345, "0.0000123"),
+        (1234.5, "1230"),
+        (-0.5, "-0.5"),
+        (-150.0, "-150"),
+        (1024, "1024"),
+        (None, "-"),
+        (math.nan, "-"),
+    ],
+)
+def test_sig_is_three_significant_figures_as_plain_decimals(x: float, text: str) -> None:
+    assert sig(x) == text
+
+
+@given(st.floats(min_value=1e-9, max_value=1e9))
+def test_sig_is_within_half_a_unit_of_the_third_figure(x: float) -> None:
+    text = sig(x)
+    assert "e" not in text
+    assert abs(float(text) - x) <= 0.005 * x * (1 + 1e-9)
+
+
+@pytest.mark.parametrize(
+    ("values", "unit"),
+    [([2.9e-6], "µs"), ([0.0009, 0.002], "ms"), ([0.5, 1.0], "s"), ([], "µs"), ([None], "µs")],
+)
+def test_a_column_unit_is_chosen_by_its_largest_value(values: list[float], unit: str) -> None:
+    assert duration_unit(values) == unit
+
+
+def test_a_column_of_spreads_shares_one_unit() -> None:
+    fast = Spread(n=3, p10=0.0004, p50=0.0005, p90=0.0006)
+    slow = Spread(n=3, p10=0.02, p50=0.025, p90=0.03)
+    unit, texts = spread_column([fast, slow, Spread(n=0)])
+    assert unit == "ms"
+    assert texts == ["0.5 (0.4–0.6)", "25 (20–30)", "-"]
+    assert in_unit(None, "ms") == "-"
+
+
+@pytest.mark.parametrize(
+    ("x", "text"),
+    [(5.32e-6, "5.32 µs"), (0.373, "373 ms"), (1.5, "1.5 s"), (0.0, "0 s"), (None, "-")],
+)
+def test_a_lone_duration_carries_its_unit(x: float | None, text: str) -> None:
+    assert duration_text(x) == text
+
+
+def test_signed_texts() -> None:
+    assert duration_text(0.002, signed=True) == "+2 ms"
+    assert duration_text(-0.002, signed=True) == "-2 ms"
+    assert number_text(0.25, signed=True) == "+0.25"
+    assert number_text(None, signed=True) == "-"
+
+
+@pytest.mark.parametrize(
+    ("s", "text"), [(0, "0:00"), (59.6, "1:00"), (125, "2:05"), (3725, "1:02:05"), (None, "-:--")]
+)
+def test_clock(s: float | None, text: str) -> None:
+    assert clock_text(s) == text
