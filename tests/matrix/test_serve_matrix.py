@@ -47,7 +47,7 @@ def test_matrix_serve_over_concurrency(tmp_path: Path) -> None:
 def test_serve_refuses_what_it_does_not_use(tmp_path: Path) -> None:
     for flags, needle in (
         (["--runtime", "bwrap"], "--runtime does not apply to serve"),
-        (["-p", "concurrency=1,4", "--rollouts", "2"], "no rollouts axis"),
+        (["-p", "concurrency=1,4", "--rollouts", "2"], "unknown parameter 'rollouts'"),
         (["-p", "no_such=1,2"], "no parameter 'no_such'"),
         (["-p", "slo=ttft_ms=1,tpot_ms=2"], "cannot sweep 'slo'"),
     ):

@@ -142,6 +142,11 @@ def test_containers_of_dead_runs_go_and_of_live_runs_stay(
 def test_a_sandbox_being_started_by_a_live_run_is_kept(tmp_path: Path) -> None:
     """Before its bwrap runs, a starting sandbox's workdir is named only by its run's pid."""
     run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "metrale"])
+    cmdline = Path(f"/proc/{run.pid}/cmdline")
+    for _ in range(500):  # until it has exec'd: before that it shows pytest's command line
+        if b"metrale" in cmdline.read_bytes():
+            break
+        time.sleep(0.01)
     try:
         starting = tmp_path / f"metrale-bwrap-{run.pid}-abcd1234"
         starting.mkdir()
