@@ -49,7 +49,7 @@ def test_serve_refuses_what_it_does_not_use(tmp_path: Path) -> None:
         (["--runtime", "bwrap"], "--runtime does not apply to serve"),
         (["-p", "concurrency=1,4", "--rollouts", "2"], "unknown parameter 'rollouts'"),
         (["-p", "no_such=1,2"], "no parameter 'no_such'"),
-        (["-p", "slo=ttft_ms=1,tpot_ms=2"], "cannot sweep 'slo'"),
+        (["-p", "warmup=1,2"], "cannot sweep 'warmup'"),
     ):
         done = run_cli(["matrix", "serve", "--target", "http://127.0.0.1:9/v1", *flags,
                         "--out", str(tmp_path / "mx")])  # fmt: skip
