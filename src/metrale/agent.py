@@ -126,6 +126,20 @@ class AgentStats:
     error: str | None = None
     commands: list[CommandRecord] = field(default_factory=list)
 
+    def record_metrics(self) -> dict[str, Any]:
+        """The loop's numbers under the keys every agentic benchmark's records use (turns and
+        completion tokens have fields of their own on the record)."""
+        return {
+            "agent_wall_s": self.wall_s,
+            "tool_calls": self.tool_calls,
+            "hit_turn_cap": self.hit_turn_cap,
+            "truncated_turns": self.truncated_turns,
+            "unparsed_call_turns": self.unparsed_call_turns,
+            "timed_out_commands": sum(1 for c in self.commands if c.timed_out),
+            "exit_status": self.exit_status,
+            "agent_error": self.error,
+        }
+
 
 class AgentStop(Exception):
     """Ends the loop; `exit_status` names why."""

@@ -154,16 +154,7 @@ def _fill_record(record: RolloutRecord, stats: AgentStats | None) -> None:
         return
     record.turns = stats.turns
     record.tokens.completion = stats.completion_tokens
-    record.metrics.update(
-        agent_wall_s=stats.wall_s,
-        tool_calls=stats.tool_calls,
-        hit_turn_cap=stats.hit_turn_cap,
-        truncated_turns=stats.truncated_turns,
-        unparsed_call_turns=stats.unparsed_call_turns,
-        timed_out_commands=sum(1 for c in stats.commands if c.timed_out),
-        exit_status=stats.exit_status,
-        agent_error=stats.error,
-    )
+    record.metrics.update(stats.record_metrics())
 
 
 class AgenticWebserverBenchmark(RolloutBenchmark):

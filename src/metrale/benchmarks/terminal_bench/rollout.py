@@ -177,12 +177,4 @@ def fill_agent(ctx: RolloutContext, outcome: AgentOutcome) -> None:
     record.turns = stats.turns
     record.tokens.completion = stats.completion_tokens
     record.tokens.prompt = outcome.prompt_tokens
-    metrics.update(
-        tool_calls=stats.tool_calls,
-        hit_turn_cap=stats.hit_turn_cap,
-        truncated_turns=stats.truncated_turns,
-        unparsed_call_turns=stats.unparsed_call_turns,
-        timed_out_commands=sum(1 for c in stats.commands if c.timed_out),
-        exit_status=stats.exit_status,
-        agent_error=stats.error,
-    )
+    metrics.update(stats.record_metrics())
