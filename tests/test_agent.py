@@ -188,6 +188,8 @@ def test_background_process_never_blocks(runtime_name: str) -> None:
             await runtime.run("touch /tmp/metrale-agent-control.out", timeout=10)
             result = await agent.run("start things")
             listing = await runtime.run("ls -1 /tmp", timeout=10)
+            # under subprocess /tmp is the host's: leave nothing there
+            await runtime.run("rm -f /tmp/metrale-agent-control.out", timeout=10)
             return result, agent._token, set(listing.stdout.split())
         finally:
             await runtime.stop()
