@@ -16,14 +16,16 @@ from typing import Any
 import pytest
 
 from metrale.rollout import (
+    ROLLOUT_METRICS,
     Progress,
     RolloutContext,
     RolloutPlan,
     RolloutRecord,
     StageTiming,
     run_rollouts,
-    stage_durations,
+    summarize_records,
 )
+from metrale.stats import Spread
 
 
 @dataclass
@@ -312,7 +314,8 @@ def test_stage_durations_are_sorted_per_stage_and_include_failed_stages() -> Non
         _record(1, setup=0.1, generation=1.0, total=1.1),  # failed in generation
         _record(2, setup=0.2),  # no total: it never finished a stage clock
     ]
-    assert stage_durations(records) == {
+    summary = summarize_records(records, ROLLOUT_METRICS)
+    assert {k: list(v) for k, v in summary.durations.items()} == {
         "setup": [0.1, 0.2, 0.3],
         "generation": [1.0, 2.0],
         "scoring": [0.5],
@@ -320,13 +323,10 @@ def test_stage_durations_are_sorted_per_stage_and_include_failed_stages() -> Non
         "setup_wait": [],  # no sandbox: nothing queued, nothing stopped
         "stop": [],
     }
-    progress = Progress(keep_records=False)
-    for record in records:
-        progress.add(record)
-    spreads = progress.spreads()
-    assert spreads["setup"].n == 3 and spreads["setup"].p50 == 0.2
-    assert spreads["scoring"].min == spreads["scoring"].max == 0.5
-    assert Progress().spreads()["total"].n == 0
+    setup, scoring = Spread.of(summary.stage("setup")), Spread.of(summary.stage("scoring"))
+    assert setup.n == 3 and setup.p50 == 0.2
+    assert scoring.min == scoring.max == 0.5
+    assert list(summarize_records([], ROLLOUT_METRICS).stage("total")) == []
 
 
 def test_without_runtime_retries_one_failed_start_fails_the_rollout() -> None:

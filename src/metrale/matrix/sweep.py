@@ -25,9 +25,6 @@ from metrale.runtime.base import RuntimeConfig
 
 #: The runtime axis value that runs rollouts in metrale's process, with no sandbox.
 NO_RUNTIME = "none"
-#: The rollout driver's standard axes, which have flags of their own (`--rollouts`,
-#: `--max-concurrent`); `-p` may not set them.
-AXIS_PARAMS = STANDARD_AXES
 _TOML_KEYS = {
     "benchmark",
     "out",
@@ -290,7 +287,7 @@ def toml_runtime_options(data: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _check_params(params: dict[str, list[object]], source: str) -> dict[str, list[object]]:
     for key in params:
-        if key in AXIS_PARAMS:
+        if key in STANDARD_AXES:  # the driver's axes have flags of their own
             flag = "--" + key.replace("_", "-")
             raise UsageError(f"{source} {key}: set it with {flag}, which is a sweep axis")
         if not _NAME_OK.match(key):

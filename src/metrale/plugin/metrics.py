@@ -17,7 +17,7 @@ Units without a value (None) are left out of the sample. This module does no I/O
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -89,10 +89,6 @@ def compute(stat: Stat, sample: Sample) -> float | None:
         return float(max(values))
     q = {"p50": 50.0, "p90": 90.0, "p99": 99.0}[stat]
     return percentile(sorted(values), q)
-
-
-def metric_names(metrics: Iterable[Metric]) -> list[str]:
-    return [m.name for m in metrics]
 
 
 def find_metric(metrics: Sequence[Metric], name: str, *, what: str, benchmark: str) -> Metric:

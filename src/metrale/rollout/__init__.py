@@ -19,7 +19,6 @@ from metrale.rollout.pool import (
     fd_concurrency_cap,
     finish,
     run_rollouts,
-    stage_durations,
 )
 from metrale.rollout.records import (
     STAGES,
@@ -58,6 +57,5 @@ __all__ = [
     "fd_concurrency_cap",
     "finish",
     "run_rollouts",
-    "stage_durations",
     "summarize_records",
 ]

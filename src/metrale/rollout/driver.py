@@ -106,10 +106,6 @@ class RolloutBenchmark(BenchmarkBase):
             )
         return runtime
 
-    def accepts_no_runtime(self) -> bool:
-        """`--runtime none` (in-process rollouts) is a valid choice for this benchmark."""
-        return self.default_runtime is None
-
     # ------------------------------------------------------------------ what a benchmark writes
 
     def make_task(self, index: int) -> RolloutTask:
@@ -158,12 +154,7 @@ class RolloutBenchmark(BenchmarkBase):
         if handle.runtime is not None:
             from metrale.runtime.configs import runtime_factory
 
-            adjust = (
-                None
-                if type(self).runtime_for is RolloutBenchmark.runtime_for
-                else (self.runtime_for)
-            )
-            make_runtime = runtime_factory(handle.runtime, adjust)
+            make_runtime = runtime_factory(handle.runtime, self.runtime_for)
 
         def on_record(record: RolloutRecord) -> None:
             self.on_rollout(record)

@@ -33,7 +33,7 @@ from metrale.rollout.records import (
     StageTiming,
 )
 from metrale.runtime.base import Runtime
-from metrale.stats import Spread, percentile
+from metrale.stats import percentile
 
 if TYPE_CHECKING:
     from metrale.endpoint.client import ChatClient
@@ -172,9 +172,6 @@ class Progress:
             return None
         step = max(1, len(values) // limit)
         return percentile(sorted(values[::step]), 50)
-
-    def spreads(self) -> dict[str, Spread]:
-        return {name: Spread.of(sorted(values)) for name, values in self.durations.items()}
 
 
 #: File descriptors one rollout in flight may hold: its connection to the target, and with a
@@ -400,11 +397,3 @@ class _clock:
             end_s=end - self.origin,
             duration_s=end - self.start,
         )
-
-
-def stage_durations(records: Sequence[RolloutRecord]) -> dict[str, list[float]]:
-    """Sorted per-rollout durations of each stage and of total; failed stages included."""
-    progress = Progress(keep_records=False)
-    for record in records:
-        progress.add(record)
-    return {name: sorted(values) for name, values in progress.durations.items()}
