@@ -1,11 +1,15 @@
-"""Running a command's async work: one event loop, SIGTERM unwinding like Ctrl-C."""
+"""Running a command's async work: one event loop, SIGTERM unwinding like Ctrl-C, and child
+processes watched by pidfd."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
-from collections.abc import Awaitable, Callable
+import sys
+import warnings
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -20,6 +24,42 @@ def run_async(make: Callable[[], Awaitable[T]]) -> T:
         if task is not None:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signal.SIGTERM, task.cancel)
-        return await make()
+        with _pidfd_children(loop):
+            return await make()
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    finally:
+        _restore_child_watcher()
+
+
+_installed = False
+
+
+@contextlib.contextmanager
+def _pidfd_children(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+    """On Python 3.11, asyncio waits for each child process in a thread of its own
+    (`ThreadedChildWatcher`): a run with 512 sandboxes started one thread per sandbox process,
+    and starting each cost the event loop's thread ~0.3 ms of waiting (13% of its time, by
+    py-spy, in `gsm8k --runtime bwrap --rollouts 512`). A pidfd per child on this loop costs
+    one fd and no thread; 3.12 does this by itself, so only 3.11 with pidfds changes here.
+    The watcher stays attached until the loop has closed (children still exiting in asyncio's
+    own shutdown are reaped), then `run_async` puts the default back."""
+    global _installed
+    if sys.version_info < (3, 12) and hasattr(os, "pidfd_open"):
+        with contextlib.suppress(OSError):
+            os.close(os.pidfd_open(os.getpid()))  # a kernel without pidfds (< 5.3) keeps threads
+            watcher = asyncio.PidfdChildWatcher()
+            watcher.attach_loop(loop)
+            asyncio.get_event_loop_policy().set_child_watcher(watcher)
+            _installed = True
+    yield
+
+
+def _restore_child_watcher() -> None:
+    global _installed
+    if _installed:
+        _installed = False
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # children the run already killed
+            asyncio.get_event_loop_policy().set_child_watcher(None)

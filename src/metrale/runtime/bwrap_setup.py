@@ -29,12 +29,6 @@ HOST_UID_BASE = 1_800_000_000
 HOST_UID_RANGE = 100_000_000
 #: Top-level system directories bound read-only (or re-created as the same symlink).
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "opt/conda")
-#: /etc entries a program commonly needs; nothing else of the host's /etc is visible.
-ETC_FILES = (
-    "alternatives", "ca-certificates", "ssl", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
-    "localtime", "nsswitch.conf", "hosts", "resolv.conf", "passwd", "group", "python3",
-    "mime.types", "protocols", "services", "os-release", "debian_version",
-)  # fmt: skip
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: The whole environment of bwrap and of every host-side wrapper: nothing of metrale's.
 SPAWN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
@@ -125,7 +119,9 @@ def check_bwrap(config: BwrapConfig | None = None) -> None:
 ROOT_SKIP = ("proc", "dev", "sys", "tmp", "run")
 
 
-def system_binds(root: str | None = None, source: str | None = None) -> list[str]:
+def system_binds(
+    root: str | None = None, source: str | None = None, etc: str | None = None
+) -> list[str]:
     """bwrap arguments that show the host's system directories read-only, as they are laid
     out here (merged-/usr symlinks stay symlinks).
 
@@ -134,7 +130,10 @@ def system_binds(root: str | None = None, source: str | None = None) -> list[str
     holds the mount points, so a workdir, scratch dir or bind the image lacks can still be
     mounted. `source` is where bwrap reaches `root` (root's private staging path when the
     sandbox runs as an unprivileged uid that cannot traverse to it); its layout is read from
-    `root`, since the staged path is bound only when bwrap starts."""
+    `root`, since the staged path is bound only when bwrap starts.
+
+    Without `root`, `etc` is the directory shown read-only at `/etc` (`bwrap_etc.etc_view`: one
+    mount for the few files a program needs); None shows no `/etc` at all."""
     args: list[str] = []
     if root is not None:
         src = source or root
@@ -152,10 +151,8 @@ def system_binds(root: str | None = None, source: str | None = None) -> list[str
             args += ["--symlink", os.readlink(host), str(host)]
         elif host.is_dir():
             args += ["--ro-bind", str(host), str(host)]
-    for name in ETC_FILES:
-        host = Path("/etc") / name
-        if host.exists():
-            args += ["--ro-bind", str(host), str(host)]
+    if etc is not None:
+        args += ["--ro-bind", etc, "/etc"]
     return args
 
 
