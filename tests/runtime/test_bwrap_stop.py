@@ -68,3 +68,26 @@ def test_128_sandboxes_are_all_gone_1s_after_exit(tmp_path: Path) -> None:
     assert result["metrics"]["setup_wait"] is not None
     records = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
     assert len(records) == 128 and all(r["stop_s"] is not None for r in records)
+
+
+def test_a_warm_pool_gives_each_rollout_a_fresh_sandbox_and_leaves_none(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with start_sim("--ttft", "0.1", "--output-tokens", "8") as sim:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "metrale", "run", "gsm8k", "--target", sim.url,
+             "--runtime", "bwrap", "--rollouts", "24", "--max-concurrent", "3",
+             "--runtime-pool", "6", "--max-tokens", "8", "--no-preflight", "--out", str(out)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        stdout, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 0, stderr
+    assert "pool_start" in stdout  # its own column in the run's table
+    records = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert len(records) == 24 and all(r["error"] is None for r in records)
+    assert all(r["pool_start_s"] > 0 for r in records)
+    result = json.loads((out / "result.json").read_text())["result"]
+    assert result["metrics"]["pool_start"] > 0
+    time.sleep(1.0)
+    assert [
+        p for p in leftover_workdirs() if p.name.startswith(f"{WORKDIR_PREFIX}{proc.pid}")
+    ] == []

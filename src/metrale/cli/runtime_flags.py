@@ -50,6 +50,13 @@ def add_runtime_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None
         help="sandbox starts in flight at once (default: adaptive, from the cores and the "
         "measured start latency; 0 = no bound); the wait for a slot is recorded as setup_wait",
     )
+    g.add_argument(
+        "--runtime-pool",
+        type=non_negative_int,
+        metavar="N",
+        help="keep N sandboxes started ahead of the rollouts that will use them, each used "
+        "once (default 0); their start is reported as pool_start, apart from setup",
+    )
     g.add_argument("--image", help="docker: image (default metrale/base:bookworm)")
     g.add_argument("--docker-cli", metavar="CLI", help="docker: CLI to use (docker, podman)")
     g.add_argument("--ray-address", metavar="ADDR", help="ray: auto, HOST:PORT or local")
@@ -154,6 +161,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--output-cap": ("output_cap", "output_cap_bytes"),
     "--runtime-rate": ("runtime_rate", "start_rate"),
     "--start-limit": ("start_limit", "start_limit"),
+    "--runtime-pool": ("runtime_pool", "pool"),
     "--tmp-mb": ("tmp_mb", "tmp_mb"),
     "--env": ("env", "env"),
     "--network": ("network", "network"),

@@ -2,6 +2,8 @@
 
 - `records`: a rollout's record and the context its stages share;
 - `pool`: run N rollouts under a concurrency bound, clock their stages, record each one;
+- `limiter`: how many sandbox starts may be under way at once; `warm`: the warm pool of
+  sandboxes started ahead (`--runtime-pool`); `fds`: the file-descriptor bound on concurrency;
 - `lifecycle`: `BenchmarkBase`, the load / next / cleanup shape every benchmark shares;
 - `driver`: `RolloutBenchmark`, what a rollout benchmark subclasses;
 - `summary`: the standard metrics and the run's one summary.
@@ -9,17 +11,14 @@
 
 from metrale.plugin.results import SUMMARY_STAGES
 from metrale.rollout.driver import RolloutBenchmark, bound_check
-from metrale.rollout.lifecycle import BackgroundRun, BenchmarkBase
-from metrale.rollout.pool import (
+from metrale.rollout.fds import (
     FD_RESERVE,
     FDS_PER_ROLLOUT,
     FDS_PER_SANDBOXED_ROLLOUT,
-    Progress,
-    RolloutPlan,
     fd_concurrency_cap,
-    finish,
-    run_rollouts,
 )
+from metrale.rollout.lifecycle import BackgroundRun, BenchmarkBase
+from metrale.rollout.pool import Progress, RolloutPlan, finish, run_rollouts
 from metrale.rollout.records import (
     STAGES,
     ErrorInfo,

@@ -62,6 +62,9 @@ class RolloutBenchmark(BenchmarkBase):
     #: keep every record in memory (`self.progress.records`): for few, large rollouts that the
     #: benchmark reports on one by one; memory is otherwise O(concurrency)
     keep_records: ClassVar[bool] = False
+    #: a rollout's sandbox may be started ahead of it (`--runtime-pool`): False when a task
+    #: prepares what its sandbox binds before the start (`before_runtime`)
+    warm_pool: ClassVar[bool] = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -103,6 +106,12 @@ class RolloutBenchmark(BenchmarkBase):
             raise UsageError(
                 f"{self.descriptor.id} cannot run in the {name} runtime{why}; "
                 f"accepted: {', '.join(self.runtimes)}"
+            )
+        if runtime is not None and runtime.pool and not self.warm_pool:
+            raise UsageError(
+                f"--runtime-pool: {self.descriptor.id} prepares each sandbox's files before "
+                "its start, so no sandbox can be started ahead of its rollout; accepted: "
+                "--runtime-pool 0 (the default)"
             )
         return runtime
 
@@ -176,6 +185,7 @@ class RolloutBenchmark(BenchmarkBase):
             client=self.client,
             run_dir=handle.artifacts.run_dir,
             start_limit=getattr(handle.runtime, "start_limit", None),
+            runtime_pool=getattr(handle.runtime, "pool", 0),
         )
 
     async def run(self) -> None:

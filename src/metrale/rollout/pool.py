@@ -11,8 +11,6 @@ whatever happened, so the run directory has it before the next one finishes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import resource
 import time
 from array import array
@@ -23,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from metrale.plugin.metrics import Metric
 from metrale.plugin.results import SUMMARY_STAGES
+from metrale.rollout.fds import fd_concurrency_cap
 from metrale.rollout.limiter import StartLimiter
 from metrale.rollout.records import (
     ErrorInfo,
@@ -32,6 +31,7 @@ from metrale.rollout.records import (
     Stage,
     StageTiming,
 )
+from metrale.rollout.warm import Warm, WarmPool
 from metrale.runtime.base import Runtime
 from metrale.stats import percentile
 
@@ -42,8 +42,9 @@ T = TypeVar("T")
 
 #: Durations a sandboxed rollout has beside its stages: `setup_wait`, the part of setup spent
 #: queued for a start slot (the limiter's; setup includes it), and `stop`, its sandbox's
-#: teardown (after scoring, not in total).
-RUNTIME_DURATIONS: tuple[str, ...] = ("setup_wait", "stop")
+#: teardown (after scoring, not in total), and `pool_start`, the start the warm pool did ahead
+#: of it (`warm`; not in setup).
+RUNTIME_DURATIONS: tuple[str, ...] = ("setup_wait", "stop", "pool_start")
 
 
 @dataclass
@@ -76,6 +77,8 @@ class RolloutPlan:
     start_limit: int | None = None
     #: made by `run_rollouts` from `start_limit` unless given (shared by every start of the run)
     limiter: StartLimiter | None = None
+    #: sandboxes started ahead of the rollouts that will use them (`warm`); 0: none
+    runtime_pool: int = 0
 
 
 @dataclass
@@ -143,6 +146,8 @@ class Progress:
             self.durations["setup_wait"].append(record.setup_wait_s)
         if record.stop_s is not None:
             self.durations["stop"].append(record.stop_s)
+        if record.pool_start_s is not None:
+            self.durations["pool_start"].append(record.pool_start_s)
         for metric in self.metrics:
             x = metric.sample_of(record)
             if x is None:
@@ -174,39 +179,6 @@ class Progress:
         return percentile(sorted(values[::step]), 50)
 
 
-#: File descriptors one rollout in flight may hold: its connection to the target, and with a
-#: runtime the sandbox's pipes, pidfd and workdir (bwrap measured at 6).
-FDS_PER_ROLLOUT = 2
-FDS_PER_SANDBOXED_ROLLOUT = 10
-#: Descriptors kept free for everything else: the run directory's files, the event loop, logs.
-FD_RESERVE = 64
-FD_RAISE_TO = 1 << 16
-
-
-def fd_concurrency_cap(sandboxed: bool) -> int:
-    """How many rollouts may be in flight before the process runs out of file descriptors.
-
-    The soft RLIMIT_NOFILE is first raised to the hard limit (what a user may do without
-    privilege); what remains after the descriptors already open and a reserve, divided by a
-    rollout's share, is the cap.
-    """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or hard > soft):
-        # Not beyond 64 Ki: sandboxes inherit the limit, and some programs walk every fd.
-        want = max(soft, min(FD_RAISE_TO, hard))
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-            soft = want
-    if soft == resource.RLIM_INFINITY:
-        return 1 << 30
-    try:
-        open_now = len(os.listdir("/proc/self/fd"))
-    except OSError:
-        open_now = 32
-    per = FDS_PER_SANDBOXED_ROLLOUT if sandboxed else FDS_PER_ROLLOUT
-    return max(1, (soft - open_now - FD_RESERVE) // per)
-
-
 async def run_rollouts(plan: RolloutPlan, progress: Progress | None = None) -> list[RolloutRecord]:
     """Run rollouts `0..plan.count-1` not in `plan.skip`, at most `plan.max_concurrent` at once
     (None: unbounded, up to what the file-descriptor limit allows).
@@ -234,11 +206,21 @@ async def run_rollouts(plan: RolloutPlan, progress: Progress | None = None) -> l
         fixed = plan.start_limit is not None
         plan.limiter = StartLimiter(plan.start_limit, adaptive=not fixed)
 
+    pool = None
+    if plan.make_runtime is not None and plan.runtime_pool > 0:
+        pool = WarmPool(plan.runtime_pool, indices, lambda i: _warm_start(plan, i))
+
     async def worker() -> None:
-        for index in indices:  # one shared iterator: each index goes to exactly one worker
-            record = await _run_one(plan, index, origin)
-            progress.add(record)
-            plan.on_record(record)
+        if pool is None:
+            for index in indices:  # one shared iterator: each index goes to exactly one worker
+                await done_one(await _run_one(plan, index, origin))
+            return
+        while (item := pool.next()) is not None:
+            await done_one(await _run_one(plan, item[0], origin, (pool, item[1])))
+
+    async def done_one(record: RolloutRecord) -> None:
+        progress.add(record)
+        plan.on_record(record)
 
     workers = [asyncio.create_task(worker()) for _ in range(max(width, 0))]
     try:
@@ -251,6 +233,8 @@ async def run_rollouts(plan: RolloutPlan, progress: Progress | None = None) -> l
         for task in workers:
             task.cancel()
         await finish(asyncio.gather(*workers, return_exceptions=True))
+        if pool is not None:
+            await finish(pool.close())
     return sorted(progress.records, key=lambda r: r.index) if progress.keep_records else []
 
 
@@ -278,7 +262,12 @@ async def finish(awaitable: Awaitable[T]) -> T:
     return result
 
 
-async def _run_one(plan: RolloutPlan, index: int, origin: float) -> RolloutRecord:
+async def _run_one(
+    plan: RolloutPlan,
+    index: int,
+    origin: float,
+    warm: tuple[WarmPool, asyncio.Task[Warm]] | None = None,
+) -> RolloutRecord:
     record = RolloutRecord(
         id=f"{plan.run_id}-{index}",
         benchmark=plan.benchmark,
@@ -296,8 +285,15 @@ async def _run_one(plan: RolloutPlan, index: int, origin: float) -> RolloutRecor
         async with _clock(record, Stage.SETUP, origin):
             before = getattr(task, "before_runtime", None)
             if before is not None:
+                if warm is not None:  # the driver refuses a pool for such a benchmark
+                    raise RuntimeError("a task with before_runtime cannot take a pooled sandbox")
                 await before(ctx)
-            if plan.make_runtime is not None:
+            if warm is not None:
+                pooled = await warm[0].claim(warm[1])
+                ctx.runtime = pooled.runtime
+                record.pool_start_s = pooled.start_s
+                record.runtime_retries += pooled.retries
+            elif plan.make_runtime is not None:
                 ctx.runtime = await _start_runtime(plan, record)
             await task.setup(ctx)
         stage = Stage.GENERATION
@@ -367,6 +363,14 @@ async def _start_runtime(plan: RolloutPlan, record: RolloutRecord) -> Runtime:
                 raise
             attempt += 1
             record.runtime_retries += 1
+
+
+async def _warm_start(plan: RolloutPlan, index: int) -> Warm:
+    """The warm pool's start of rollout `index`'s sandbox: as a rollout's own (the start limiter,
+    `runtime_retries`), its retries handed to the rollout that takes it."""
+    scratch = RolloutRecord(id="", benchmark=plan.benchmark, index=index, started_at=0.0)
+    runtime = await _start_runtime(plan, scratch)
+    return Warm(runtime, start_s=0.0, retries=scratch.runtime_retries)
 
 
 async def _restart_runtime(plan: RolloutPlan, ctx: RolloutContext) -> Runtime:

@@ -61,6 +61,9 @@ class RolloutRecord(BaseModel):
     setup_wait_s: float | None = None
     #: seconds its sandbox's stop() took (after the last stage; not in total)
     stop_s: float | None = None
+    #: seconds the warm pool's start of its sandbox took, ahead of it (`--runtime-pool`; not
+    #: in setup, which holds only what the rollout still waited for it)
+    pool_start_s: float | None = None
     reward: float | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
     tokens: Tokens = Field(default_factory=Tokens)

@@ -23,7 +23,7 @@ def _stage(name: str) -> Metric:
         if name == "total":
             return r.total_s
         if name in RUNTIME_DURATIONS:
-            return r.setup_wait_s if name == "setup_wait" else r.stop_s
+            return getattr(r, f"{name}_s")
         timing = r.stages.get(name)
         return None if timing is None else timing.duration_s
 
@@ -53,14 +53,22 @@ STAGE_METRICS: tuple[Metric, ...] = (
         "stop",
         "p50 over sandboxed rollouts of their sandbox's stop(), after scoring (not in total)",
     ),
+    _runtime_duration(
+        "pool_start",
+        "p50 over pooled rollouts of the warm pool's start of their sandbox, done ahead of "
+        "them (--runtime-pool; not in setup: the start moved off the rollout's path)",
+    ),
 )
 
 
 def shown_stages(summary: RunSummary) -> list[str]:
-    """The duration columns a run's table shows: the stages, with `setup_wait` before setup and
-    `stop` after scoring when the run has them (rollouts that started sandboxes)."""
+    """The duration columns a run's table shows: the stages, with `pool_start` and `setup_wait`
+    before setup and `stop` after scoring when the run has them (rollouts that started
+    sandboxes; a warm pool's)."""
     shown = []
     for name in SUMMARY_STAGES:
+        if name == "setup" and summary.stage("pool_start"):
+            shown.append("pool_start")
         if name == "setup" and summary.stage("setup_wait"):
             shown.append("setup_wait")
         shown.append(name)

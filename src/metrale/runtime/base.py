@@ -55,6 +55,9 @@ class RuntimeConfig(BaseModel):
     start_limit: int | None = Field(default=None, ge=0)
     """Sandbox starts in flight at once (None: adaptive to the start latency, from twice the
     cores; 0: no bound); waiting for a slot is the rollout's `setup_wait`, part of setup."""
+    pool: int = Field(default=0, ge=0)
+    """Sandboxes started ahead of the rollouts that will use them, one each, never reused
+    (0: none); the pool's start is the rollout's `pool_start`, not part of its setup."""
 
     def create(self, throttle: RateLimiter | None = None) -> Runtime:
         """A new, not yet started runtime of this config (its module imported only now)."""

@@ -167,6 +167,7 @@ class AgenticWebserverBenchmark(RolloutBenchmark):
     default_rollouts: ClassVar[int] = 1
     max_rollouts: ClassVar[int] = 1000
     runtimes: ClassVar[tuple[str, ...] | None] = ("bwrap", "subprocess")
+    warm_pool: ClassVar[bool] = False  # each sandbox dir is filled before its start
     default_runtime: ClassVar[str | None] = "bwrap"
     runtime_reason: ClassVar[str] = (
         "the agent builds with this machine's cargo toolchain and warm cache, bound into a "
