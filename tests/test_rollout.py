@@ -320,8 +320,9 @@ def test_stage_durations_are_sorted_per_stage_and_include_failed_stages() -> Non
         "generation": [1.0, 2.0],
         "scoring": [0.5],
         "total": [1.1, 2.8],
-        "setup_wait": [],  # no sandbox: nothing queued, nothing stopped
+        "setup_wait": [],  # no sandbox: nothing queued, nothing stopped, nothing pooled
         "stop": [],
+        "pool_start": [],
     }
     setup, scoring = Spread.of(summary.stage("setup")), Spread.of(summary.stage("scoring"))
     assert setup.n == 3 and setup.p50 == 0.2

@@ -112,6 +112,12 @@ class RunSummary(BaseModel):
     )
     metrics: dict[str, float | int | None] = Field(default_factory=dict)
     samples: dict[str, list[Any] | dict[str, list[Any]]] = Field(default_factory=dict)
+    sampled: dict[str, int] = Field(
+        default_factory=dict,
+        description="metrics and stages whose values in `durations`/`samples` are a uniform "
+        "sample of their rollouts (past metrale's cap per metric), with how many rollouts "
+        "had a value; their means, sums and ratios are still exact",
+    )
 
     def __repr_args__(self) -> Any:
         """Sizes, not the per-rollout numbers: asyncio's repr of a finished task reprs its

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import resource
 import time
-from array import array
 from collections.abc import Awaitable, Callable, Container, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from metrale.rollout.records import (
     Stage,
     StageTiming,
 )
+from metrale.rollout.reservoir import Reservoir
 from metrale.rollout.warm import Warm, WarmPool
 from metrale.runtime.base import Runtime
 from metrale.stats import percentile
@@ -85,9 +85,10 @@ class RolloutPlan:
 class Progress:
     """Live counters the runner reads while rollouts run, and what the summary needs.
 
-    Memory stays O(concurrency) in records: only per-stage durations (8 bytes each) and
-    counters are kept, unless `keep_records` asks for the records themselves (a benchmark with
-    few, large rollouts that reports on each).
+    Memory stays O(concurrency): no record is kept, unless `keep_records` asks for the records
+    themselves (a benchmark with few, large rollouts that reports on each); each stage's
+    durations and each declared metric's values are a `Reservoir` (exact totals, at most
+    `SAMPLE_CAP` values kept).
     """
 
     done: int = 0
@@ -102,15 +103,14 @@ class Progress:
     turns: int | None = None
     token_sources: set[str] = field(default_factory=set)
     error_kinds: dict[str, int] = field(default_factory=dict)
-    durations: dict[str, array[float]] = field(
-        default_factory=lambda: {s: array("d") for s in (*SUMMARY_STAGES, *RUNTIME_DURATIONS)}
+    durations: dict[str, Reservoir] = field(
+        default_factory=lambda: {s: Reservoir(s) for s in (*SUMMARY_STAGES, *RUNTIME_DURATIONS)}
     )
     keep_records: bool = True
     records: list[RolloutRecord] = field(default_factory=list)
-    #: declared metrics whose per-rollout samples are collected as records arrive (8 bytes a
-    #: value, two for a ratio's pair)
+    #: declared metrics whose per-rollout samples are collected as records arrive
     metrics: Sequence[Metric] = ()
-    samples: dict[str, array[float]] = field(default_factory=dict)
+    samples: dict[str, Reservoir] = field(default_factory=dict)
 
     @property
     def mean_reward(self) -> float | None:
@@ -139,42 +139,36 @@ class Progress:
         if record.tokens.source:
             self.token_sources.add(record.tokens.source)
         for name, timing in record.stages.items():
-            self.durations[name].append(timing.duration_s)
-        if record.total_s is not None:
-            self.durations["total"].append(record.total_s)
-        if record.setup_wait_s is not None:
-            self.durations["setup_wait"].append(record.setup_wait_s)
-        if record.stop_s is not None:
-            self.durations["stop"].append(record.stop_s)
-        if record.pool_start_s is not None:
-            self.durations["pool_start"].append(record.pool_start_s)
+            self.durations[name].add(timing.duration_s)
+        extra = {"total": record.total_s, "setup_wait": record.setup_wait_s,
+                 "stop": record.stop_s, "pool_start": record.pool_start_s}  # fmt: skip
+        for name, value in extra.items():
+            if value is not None:
+                self.durations[name].add(value)
         for metric in self.metrics:
             x = metric.sample_of(record)
             if x is None:
                 continue
             values = self.samples.get(metric.name)
             if values is None:
-                values = self.samples[metric.name] = array("d")
-            if isinstance(x, tuple):
-                values.extend(x)
-            else:
-                values.append(x)
+                width = 2 if metric.stat == "ratio" else 1
+                values = self.samples[metric.name] = Reservoir(metric.name, width=width)
+            values.add(x)
 
     def sample(self, metric: Metric) -> Sequence[Any]:
-        """The collected sample of `metric`: its floats (the array itself, not a copy), or
-        (value, per) pairs for a ratio."""
-        values = self.samples.get(metric.name, array("d"))
-        if metric.stat == "ratio":
-            return list(zip(values[0::2], values[1::2], strict=True))
-        return values
+        """The kept sample of `metric`: its floats (the array itself, not a copy), or
+        (value, per) pairs for a ratio; every value up to `SAMPLE_CAP` rollouts."""
+        found = self.samples.get(metric.name)
+        return found.kept() if found is not None else []
 
     def running_p50(self, stage: str, limit: int = 4096) -> float | None:
         """The p50 so far of `stage`'s durations, for the live view: over every value up to
         `limit` of them, else over an even stride of `limit` (a live estimate that costs the
         same at a million rollouts as at four thousand; the summary uses every value)."""
-        values = self.durations.get(stage)
-        if not values:
+        found = self.durations.get(stage)
+        if not found:
             return None
+        values = found.values
         step = max(1, len(values) // limit)
         return percentile(sorted(values[::step]), 50)
 

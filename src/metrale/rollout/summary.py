@@ -112,32 +112,38 @@ def sampled(metrics: Iterable[Metric]) -> list[Metric]:
 
 
 def build_summary(progress: Progress, metrics: Sequence[Metric], e2e_s: float | None) -> RunSummary:
-    """The run's summary from what `progress` collected; `e2e_s` is the rollouts phase."""
-    durations = {name: array("d", sorted(values)) for name, values in progress.durations.items()}
-    samples = {m.name: progress.sample(m) for m in sampled(metrics)}  # arrays: no copies yet
+    """The run's summary from what `progress` collected; `e2e_s` is the rollouts phase.
+    Means, sums, maxima and ratios are exact over every rollout; percentiles and the samples
+    come from the kept values (every one up to `SAMPLE_CAP` rollouts, see `reservoir`)."""
+    durations = {name: array("d", sorted(r.values)) for name, r in progress.durations.items()}
+    found = {
+        m.name: progress.samples[m.name] for m in sampled(metrics) if m.name in progress.samples
+    }
     values: dict[str, float | int | None] = {}
     for m in metrics:
         if m.name in durations:
             values[m.name] = m.compute(durations[m.name])
         elif m.name == "e2e_s":
             values[m.name] = e2e_s
-        elif m.name in samples:
-            x = m.compute(samples[m.name])
+        elif m.value is not None and m.name not in RUNTIME_DURATIONS:
+            x = found[m.name].statistic(m.stat) if m.name in found else None
             # a count reads as one: 3, not 3.0
             values[m.name] = (
                 int(x) if m.stat in ("sum", "max") and x is not None and x.is_integer() else x
             )
-    rewards = progress.samples.get("reward_mean", ())
+    rewards = progress.samples.get("reward_mean")
+    reservoirs = [*progress.durations.values(), *found.values()]
     return RunSummary.model_construct(  # built from numbers already checked: no copies
         unit="rollout",
         records=progress.done,
         errors=progress.errors,
         e2e_s=e2e_s,
-        reward_mean=sum(rewards) / len(rewards) if rewards else None,
+        reward_mean=rewards.statistic("mean") if rewards is not None else None,
         rewards=[],  # the per-rollout rewards are the sample of reward_mean
         durations=durations,
         metrics=values,
-        samples={k: compact(v) for k, v in samples.items()},
+        samples={k: compact(r.kept()) for k, r in found.items()},
+        sampled={r.name: r.n for r in reservoirs if r.sampled},
     )
 
 
