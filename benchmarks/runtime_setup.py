@@ -8,9 +8,11 @@ way a 512-rollout run's do. Percentiles are over the per-rollout setup durations
     python benchmarks/runtime_setup.py --runtime subprocess,bwrap --concurrent 1,64,512
     python benchmarks/runtime_setup.py --runtime docker --concurrent 1,64,512
 
-With `docker` in `--runtime`, a `docker-bare` row per concurrency is measured in the same run
-as the floor: a bare `docker run -d IMAGE sleep infinity` (then `rm -f`) through the same CLI
-and engine, so the runtime's own overhead is the difference of the two rows.
+With `docker` in `--runtime`, a `docker-bare` row per concurrency is measured in the same run,
+right before it, as the floor: a bare `docker run -d IMAGE sleep infinity`, one
+`docker exec NAME cat /etc/hostname` (the exec floor), then `rm -f`, through the same CLI and
+engine, so the runtime's own overhead is the difference of the two rows (setup, and `exec`: one
+command's round trip, p50).
 """
 
 from __future__ import annotations
@@ -27,17 +29,25 @@ from metrale.runtime.procs import run_process
 from metrale.stats import percentile
 
 
-async def bare_docker(config: DockerConfig, i: int) -> tuple[float | None, bool]:
-    """(seconds of a bare `run -d IMAGE sleep infinity`, ok): the floor of the docker row."""
+async def bare_docker(config: DockerConfig, i: int) -> tuple[float | None, float | None, bool]:
+    """(seconds of a bare `run -d IMAGE sleep infinity`, of one bare `exec`, ok): the floor of
+    the docker row."""
     name = f"metrale-floor-{os.getpid()}-{i}"
     argv = [config.cli, "run", "-d", "--name", name, "--label", "metrale.sandbox=1"]
     argv += ["--label", f"metrale.sandbox.pid={os.getpid()}", config.image, "sleep", "infinity"]
     started = time.perf_counter()
     result = await run_process(argv, env=os.environ, cwd=None, timeout=600, cap=1 << 16)
     took = time.perf_counter() - started
+    exec_s = None
+    if result.exit_code == 0:
+        argv = [config.cli, "exec", name, "cat", "/etc/hostname"]
+        started = time.perf_counter()
+        done = await run_process(argv, env=os.environ, cwd=None, timeout=600, cap=1 << 16)
+        exec_s = time.perf_counter() - started if done.exit_code == 0 else None
     rm = [config.cli, "rm", "-f", name]
     await run_process(rm, env=os.environ, cwd=None, timeout=300, cap=1 << 16)
-    return (took, True) if result.exit_code == 0 else (None, False)
+    ok = result.exit_code == 0 and exec_s is not None
+    return (took, exec_s, True) if ok else (None, None, False)
 
 
 async def one_cell(name: str, rollouts: int, concurrent: int) -> dict[str, object]:
@@ -46,6 +56,7 @@ async def one_cell(name: str, rollouts: int, concurrent: int) -> dict[str, objec
     make = runtime_factory(config)
     gate = asyncio.Semaphore(concurrent)
     setups: list[float] = []
+    execs: list[float] = []
     errors = 0
 
     async def rollout(i: int) -> None:
@@ -53,18 +64,21 @@ async def one_cell(name: str, rollouts: int, concurrent: int) -> dict[str, objec
         async with gate:
             if name == "docker-bare":
                 assert isinstance(config, DockerConfig)
-                took, ok = await bare_docker(config, i)
-                if took is not None:
+                took, exec_s, ok = await bare_docker(config, i)
+                if took is not None and exec_s is not None:
                     setups.append(took)
+                    execs.append(exec_s)
                 errors += not ok
                 return
-            runtime = make()
+            runtime = make(i)
             started = time.perf_counter()
             try:
                 await runtime.start()
                 setups.append(time.perf_counter() - started)
                 await runtime.write("task.txt", str(i))
+                started = time.perf_counter()
                 result = await runtime.run("cat task.txt", timeout=60)
+                execs.append(time.perf_counter() - started)
                 if result.stdout != str(i):
                     errors += 1
             except Exception:
@@ -75,12 +89,14 @@ async def one_cell(name: str, rollouts: int, concurrent: int) -> dict[str, objec
     began = time.perf_counter()
     await asyncio.gather(*(rollout(i) for i in range(rollouts)))
     setups.sort()
+    execs.sort()
     return {
         "runtime": name,
         "rollouts": rollouts,
         "concurrent": concurrent,
         "setup_p50_ms": round(1000 * (percentile(setups, 50) or float("nan")), 2),
         "setup_p90_ms": round(1000 * (percentile(setups, 90) or float("nan")), 2),
+        "exec_p50_ms": round(1000 * (percentile(execs, 50) or float("nan")), 2),
         "errors": errors,
         "e2e_s": round(time.perf_counter() - began, 2),
     }
@@ -108,16 +124,19 @@ def main() -> None:
     names = args.runtime.split(",")
     if "docker" in names:
         names.insert(names.index("docker"), "docker-bare")
-    for name in names:
-        for concurrent in (int(c) for c in args.concurrent.split(",")):
-            rollouts = args.rollouts or max(64, 2 * concurrent)
-            rows.append(asyncio.run(one_cell(name, rollouts, concurrent)))
-            if not args.json:
-                r = rows[-1]
-                print(f"{r['runtime']:<11} concurrent {r['concurrent']:>4}  rollouts "
-                      f"{r['rollouts']:>5}  setup p50 {r['setup_p50_ms']:>8.2f} ms  "
-                      f"p90 {r['setup_p90_ms']:>8.2f} ms  errors {r['errors']}  "
-                      f"e2e {r['e2e_s']} s", flush=True)  # fmt: skip
+    cells = [(name, int(c)) for name in names for c in args.concurrent.split(",")]
+    # each docker cell right after its bare floor at the same concurrency: the same minutes
+    cells.sort(key=lambda cell: (cell[0].startswith("docker"), cell[1] if "docker" in cell[0]
+                                 else 0, cell[0] != "docker-bare"))  # fmt: skip
+    for name, concurrent in cells:
+        rollouts = args.rollouts or max(64, 2 * concurrent)
+        rows.append(asyncio.run(one_cell(name, rollouts, concurrent)))
+        if not args.json:
+            r = rows[-1]
+            print(f"{r['runtime']:<11} concurrent {r['concurrent']:>4}  rollouts "
+                  f"{r['rollouts']:>5}  setup p50 {r['setup_p50_ms']:>8.2f} ms  "
+                  f"p90 {r['setup_p90_ms']:>8.2f} ms  exec p50 {r['exec_p50_ms']:>7.2f} ms  "
+                  f"errors {r['errors']}  e2e {r['e2e_s']} s", flush=True)  # fmt: skip
     print(f"machine: {machine()}")
     if args.json:
         print(json.dumps(rows, indent=2))

@@ -3,11 +3,10 @@
 `start()` launches `bwrap ... cat` in new user, mount, PID, IPC, UTS, cgroup and network
 namespaces (loopback only unless `network`), system directories and a copy of a few `/etc`
 files (`bwrap_etc`) bound read-only, the sandbox's root read-only, the rollout's workdir
-writable at `/work`, sized tmpfs
-at `/tmp` and `/dev/shm` (the rest of `/dev` read-only), `--die-with-parent` and
-`--new-session`. It returns when `cat` inside echoes the line fed to it: bwrap's
-`--json-status-fd` gives the pid before the uid map is written, so only an answer from inside
-means ready.
+writable at `/work`, sized tmpfs at `/tmp` and `/dev/shm` (the rest of `/dev` read-only),
+`--die-with-parent` and `--new-session`. It returns when `cat` inside echoes the line fed to
+it: bwrap's `--json-status-fd` gives the pid before the uid map is written, so only an answer
+from inside means ready.
 
 What holds, and how:
 
