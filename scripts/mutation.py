@@ -55,16 +55,39 @@ MODULES: dict[str, Module] = {
         "src/metrale/benchmarks/gsm8k/answer.py", ("tests/benchmarks/test_gsm8k_answer.py",)
     ),
     "stats": Module("src/metrale/stats.py", ("tests/test_stats.py",)),
+    # The endpoint client: retries, errors and the call record in client.py; the one SSE
+    # parser, the TTFT / E2E / ITL clocks and the token source in stream.py.
     "client": Module(
         "src/metrale/endpoint/client.py",
-        ("tests/endpoint/test_client_timing.py", "tests/endpoint/test_client.py"),
+        ("tests/endpoint/test_client.py", "tests/endpoint/test_client_timing.py"),
     ),
-    "rollout": Module("src/metrale/rollout.py", ("tests/test_rollout.py",)),
+    "stream": Module(
+        "src/metrale/endpoint/stream.py",
+        ("tests/endpoint/test_stream.py", "tests/endpoint/test_client_timing.py"),
+    ),
+    # The rollout driver: the pool (stage clocks, stop on every path, one record per rollout),
+    # the benchmark base it drives, the records and the summary built from them.
+    "pool": Module(
+        "src/metrale/rollout/pool.py", ("tests/test_rollout.py", "tests/test_start_limiter.py")
+    ),
+    "driver": Module("src/metrale/rollout/driver.py", ("tests/test_rollout.py",)),
+    "records": Module(
+        "src/metrale/rollout/records.py",
+        ("tests/test_rollout.py", "tests/benchmarks/agentic_webserver/test_metrics.py"),
+    ),
+    "summary": Module(
+        "src/metrale/rollout/summary.py",
+        ("tests/test_rollout.py", "tests/benchmarks/agentic_webserver/test_metrics.py"),
+    ),
+    "limiter": Module("src/metrale/rollout/limiter.py", ("tests/test_start_limiter.py",)),
     "compare": Module("src/metrale/matrix/compare.py", ("tests/matrix/test_compare.py",)),
-    "budgets": Module(
-        "src/metrale/plugin.py",
-        ("tests/test_budgets.py",),
-        scope=("check_bounds", "load_budgets", "Verdict", "_value_text", "_num_text"),
+    # Budgets: reading BENCH.toml (budgets.py) and the check that makes them a verdict
+    # (plugin/results.py; only the bound-checking part of it is core).
+    "budgets": Module("src/metrale/budgets.py", ("tests/test_budgets.py", "tests/test_plugin.py")),
+    "verdict": Module(
+        "src/metrale/plugin/results.py",
+        ("tests/test_budgets.py", "tests/test_plugin.py"),
+        scope=("check_bounds", "Verdict", "Check", "_value_text", "_num_text"),
     ),
 }
 
