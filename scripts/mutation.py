@@ -69,16 +69,24 @@ MODULES: dict[str, Module] = {
     # The rollout driver: the pool (stage clocks, stop on every path, one record per rollout),
     # the benchmark base it drives, the records and the summary built from them.
     "pool": Module(
-        "src/metrale/rollout/pool.py", ("tests/test_rollout.py", "tests/test_start_limiter.py")
+        "src/metrale/rollout/pool.py",
+        ("tests/test_rollout.py", "tests/test_start_limiter.py", "tests/test_driver.py"),
     ),
-    "driver": Module("src/metrale/rollout/driver.py", ("tests/test_rollout.py",)),
+    "driver": Module(
+        "src/metrale/rollout/driver.py", ("tests/test_driver.py", "tests/test_rollout.py")
+    ),
     "records": Module(
         "src/metrale/rollout/records.py",
-        ("tests/test_rollout.py", "tests/benchmarks/agentic_webserver/test_metrics.py"),
+        ("tests/test_rollout.py", "tests/test_driver.py"),
     ),
     "summary": Module(
         "src/metrale/rollout/summary.py",
-        ("tests/test_rollout.py", "tests/benchmarks/agentic_webserver/test_metrics.py"),
+        (
+            "tests/test_rollout.py",
+            "tests/test_driver.py",
+            "tests/test_start_limiter.py",
+            "tests/benchmarks/agentic_webserver/test_metrics.py",
+        ),
     ),
     "limiter": Module("src/metrale/rollout/limiter.py", ("tests/test_start_limiter.py",)),
     "compare": Module("src/metrale/matrix/compare.py", ("tests/matrix/test_compare.py",)),
