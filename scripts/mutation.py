@@ -13,7 +13,8 @@ hand: a comparison moved to its boundary neighbour or negated (`<` <-> `<=`, `==
 `False`, `break` <-> `continue`, a loop that runs zero times, an `except` that catches nothing,
 a decorator removed. Cosmic-ray's other binary swaps (`-` -> `<<`, `*` -> `^`, ...) crash at
 once and only inflate the score; mutants inside type annotations change nothing (the modules
-use `from __future__ import annotations`), so both are dropped before the run.
+use `from __future__ import annotations`), nor does negating `if TYPE_CHECKING:` (a name for
+the type checker is imported at run time too), so all three are dropped before the run.
 
     python scripts/mutation.py                 # every module, score table on stdout
     python scripts/mutation.py stats rollout   # some modules
@@ -131,6 +132,8 @@ def _annotation_spans(tree: ast.AST) -> list[tuple[tuple[int, int], tuple[int, i
             notes.append(node.returns)
         elif isinstance(node, ast.arg | ast.AnnAssign):
             notes.append(node.annotation)
+        elif isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            notes.append(node.test)  # `if not TYPE_CHECKING:` only imports a name early
         for n in notes:
             if n is not None and n.end_lineno is not None and n.end_col_offset is not None:
                 spans.append(((n.lineno, n.col_offset), (n.end_lineno, n.end_col_offset)))

@@ -347,3 +347,74 @@ def test_a_long_teardown_message_is_cut_at_500_characters() -> None:
                     make_runtime=lambda _index: LongStop(Ledger()))  # fmt: skip
     [record] = run(p)
     assert record.error is not None and record.error.message == "y" * 500
+
+
+class Restarting(Task):
+    """Scores in a fresh runtime: `ctx.restart_runtime()` before scoring."""
+
+    async def score(self, ctx: RolloutContext) -> None:
+        first = ctx.runtime
+        fresh = await ctx.restart_runtime()
+        assert fresh is ctx.runtime and fresh is not first
+        self.ledger.events.append(f"{self.index}:restarted")
+        await super().score(ctx)
+
+
+def test_a_restarted_runtime_replaces_the_first_and_both_are_stopped() -> None:
+    ledger = Ledger()
+    p = plan(ledger, count=2)
+    p.make_task = lambda i: Restarting(ledger, i)
+    records = run(p)
+    assert [r.error for r in records] == [None, None]
+    assert ledger.starts == 4 and ledger.stops == 4  # two runtimes a rollout, each stopped
+    assert ledger.events.count("0:restarted") == 1 and ledger.events.count("1:restarted") == 1
+
+
+def test_an_in_process_rollout_has_no_runtime_to_restart() -> None:
+    ledger = Ledger()
+    p = plan(ledger, with_runtime=False)
+    p.make_task = lambda i: Restarting(ledger, i)
+    [record] = run(p)
+    assert record.error is not None and record.error.stage == "scoring"
+    assert (record.error.type, record.error.message) == (
+        "RuntimeError", "this rollout has no runtime to restart"
+    )  # fmt: skip
+
+
+def test_a_context_prints_without_its_restart_hook() -> None:
+    record = RolloutRecord(id="r-0", benchmark="fake", index=0, started_at=0.0)
+    ctx = RolloutContext(index=0, record=record, _restart=lambda c: None)  # type: ignore[arg-type,return-value]
+    assert "_restart" not in repr(ctx) and "index=0" in repr(ctx)
+
+
+def test_each_stage_metric_reads_its_own_duration_off_a_record() -> None:
+    timing = StageTiming(started_at=0.0, start_s=0.0, end_s=0.5, duration_s=0.5)
+    record = RolloutRecord(
+        id="r-0", benchmark="fake", index=0, started_at=0.0, total_s=2.0, setup_wait_s=0.25,
+        stop_s=0.125, stages={"generation": timing},
+    )  # fmt: skip
+    by_name = {m.name: m for m in ROLLOUT_METRICS}
+    read = {n: by_name[n].value(record) for n in  # type: ignore[misc]
+            ("setup", "generation", "scoring", "total", "setup_wait", "stop")}  # fmt: skip
+    assert read == {"setup": None, "generation": 0.5, "scoring": None, "total": 2.0,
+                    "setup_wait": 0.25, "stop": 0.125}  # fmt: skip
+
+
+def test_only_per_rollout_values_are_sampled_not_stages_or_whole_run_values() -> None:
+    from metrale.rollout.summary import sampled
+
+    assert [m.name for m in sampled(ROLLOUT_METRICS)] == [
+        "reward_mean", "error_rate", "errors", "retries"
+    ]  # fmt: skip
+
+
+def test_a_sample_of_few_distinct_values_is_kept_as_values_and_counts() -> None:
+    from metrale.rollout.summary import compact
+
+    assert compact([2.0, 1.0, 2.0, 2.0]) == {"values": [1.0, 2.0], "counts": [1, 3]}
+    assert compact([]) == {"values": [], "counts": []}
+    assert compact([(1.0, 2.0), (3.0, 4.0)]) == [[1.0, 2.0], [3.0, 4.0]]
+    sixty_four = [float(i) for i in range(64)] * 2
+    assert compact(sixty_four) == {"values": [float(i) for i in range(64)], "counts": [2] * 64}
+    many = [float(i) for i in range(65)]
+    assert compact(many) is many  # past 64 distinct values: the sample as it is
