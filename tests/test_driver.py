@@ -176,6 +176,7 @@ def test_a_resumed_run_runs_only_the_missing_rollouts(tmp_path: Path) -> None:
     assert sorted(bench.seen) == [2, 3]  # 0 and 1 kept; 9 is not one of the kept indices
     assert progress == [(3, 4), (4, 4)]
     assert result.done == 4 and result.metrics["reward_mean"] == pytest.approx(2 / 3)
+    assert result.metrics["tokens_counted"] == 0  # rollouts 2 and 3 had the server's usage
     assert [r["index"] for r in records(tmp_path)] == [2, 3]
 
 
@@ -243,3 +244,13 @@ def test_bound_check_is_inclusive(value: float, limit: float, op: str, passed: b
 def test_bound_check_fails_an_absent_value() -> None:
     check = bound_check("turns", None, 5.0)
     assert (check.op, check.passed, check.value, check.reason) == ("<=", False, None, "absent")
+
+
+def test_documented_defaults_of_a_rollout_benchmark() -> None:
+    class Plain(RolloutBenchmark):
+        descriptor = Descriptor(id="plain", name="Plain", summary="defaults only")
+
+    rollouts = Plain().parameters()[0]
+    assert (rollouts.default, rollouts.max) == (64, 1_000_000)
+    assert Plain.resumable is True and Plain.keep_records is False
+    assert Plain.runtimes is None and Plain.default_runtime is None and Plain.extra_axes == ()

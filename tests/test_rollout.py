@@ -418,3 +418,11 @@ def test_a_sample_of_few_distinct_values_is_kept_as_values_and_counts() -> None:
     assert compact(sixty_four) == {"values": [float(i) for i in range(64)], "counts": [2] * 64}
     many = [float(i) for i in range(65)]
     assert compact(many) is many  # past 64 distinct values: the sample as it is
+
+
+def test_a_count_reads_as_an_integer_and_a_mean_stays_a_float() -> None:
+    recs = [RolloutRecord(id=f"r-{i}", benchmark="fake", index=i, started_at=0.0, reward=1.0)
+            for i in range(3)]  # fmt: skip
+    metrics = summarize_records(recs, ROLLOUT_METRICS).metrics
+    assert repr(metrics["reward_mean"]) == "1.0" and repr(metrics["error_rate"]) == "0.0"
+    assert repr(metrics["errors"]) == "0" and repr(metrics["retries"]) == "0"
