@@ -426,3 +426,118 @@ def test_a_count_reads_as_an_integer_and_a_mean_stays_a_float() -> None:
     metrics = summarize_records(recs, ROLLOUT_METRICS).metrics
     assert repr(metrics["reward_mean"]) == "1.0" and repr(metrics["error_rate"]) == "0.0"
     assert repr(metrics["errors"]) == "0" and repr(metrics["retries"]) == "0"
+
+
+# --------------------------------------------------------------------------- descriptors and bounds
+
+
+class Limits:
+    """A stand-in for `resource`'s RLIMIT_NOFILE: what it reports and what was set."""
+
+    def __init__(self, soft: int, hard: int) -> None:
+        self.soft, self.hard = soft, hard
+        self.set: list[tuple[int, int]] = []
+
+    def getrlimit(self, which: int) -> tuple[int, int]:
+        return self.soft, self.hard
+
+    def setrlimit(self, which: int, limits: tuple[int, int]) -> None:
+        self.set.append(limits)
+        self.soft = limits[0]
+
+
+def fd_cap(monkeypatch: pytest.MonkeyPatch, soft: int, hard: int, open_fds: int | None,
+           sandboxed: bool) -> tuple[int, list[tuple[int, int]]]:  # fmt: skip
+    import resource
+
+    from metrale.rollout import pool
+
+    limits = Limits(soft, hard)
+    monkeypatch.setattr(resource, "getrlimit", limits.getrlimit)
+    monkeypatch.setattr(resource, "setrlimit", limits.setrlimit)
+
+    def listdir(path: str) -> list[str]:
+        if open_fds is None:
+            raise PermissionError(path)
+        return [str(i) for i in range(open_fds)]
+
+    monkeypatch.setattr(pool.os, "listdir", listdir)
+    return pool.fd_concurrency_cap(sandboxed), limits.set
+
+
+def test_the_fd_cap_is_what_the_limit_leaves_after_a_reserve(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (soft - open - 64 reserved) // per rollout: 2 descriptors, 10 with a sandbox
+    assert fd_cap(monkeypatch, 1024, 1024, 36, sandboxed=False) == (462, [])
+    assert fd_cap(monkeypatch, 1024, 1024, 36, sandboxed=True) == (92, [])
+    # /proc/self/fd unreadable: 32 open assumed
+    assert fd_cap(monkeypatch, 1024, 1024, None, sandboxed=False) == (464, [])
+    # the soft limit is raised to the hard one, and not beyond 64 Ki
+    assert fd_cap(monkeypatch, 1024, 4096, 36, sandboxed=True) == (399, [(4096, 4096)])
+    inf = __import__("resource").RLIM_INFINITY
+    assert fd_cap(monkeypatch, 1024, inf, 36, sandboxed=False) == (32718, [(65536, inf)])
+    assert fd_cap(monkeypatch, inf, inf, 36, sandboxed=False) == (1 << 30, [])
+    assert fd_cap(monkeypatch, 64, 64, 60, sandboxed=True) == (1, [])  # never below one
+
+
+@pytest.mark.parametrize(
+    ("asked", "warning"),
+    [
+        (3, None),  # exactly the cap: no warning
+        (4, "max_concurrent 4 needs more file descriptors than the limit allows "
+            "(RLIMIT_NOFILE 1000); running at most 3 rollouts at once "
+            "(raise it with 'ulimit -n')"),
+        (None, "max_concurrent unbounded needs more file descriptors than the limit allows "
+               "(RLIMIT_NOFILE 1000); running at most 3 rollouts at once "
+               "(raise it with 'ulimit -n')"),
+    ],
+)  # fmt: skip
+def test_concurrency_past_the_fd_cap_is_cut_to_it_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, asked: int | None, warning: str | None
+) -> None:
+    import resource
+
+    from metrale.rollout import pool
+
+    monkeypatch.setattr(pool, "fd_concurrency_cap", lambda sandboxed: 3)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1000, 5000))
+    ledger, warnings = Ledger(), []
+    run(plan(ledger, count=8, sleep_s=0.02, max_concurrent=asked, on_warning=warnings.append))
+    assert warnings == ([warning] if warning else [])
+    assert ledger.peak == 3
+
+
+def test_a_failing_on_record_stops_every_runtime_before_the_error_propagates() -> None:
+    ledger = Ledger()
+
+    class SlowStop(FakeRuntime):
+        async def stop(self) -> None:
+            await asyncio.sleep(0.05)
+            await super().stop()
+
+    def on_record(record: RolloutRecord) -> None:
+        raise OSError("disk full")
+
+    async def go() -> tuple[int, int]:
+        p = plan(ledger, count=4, max_concurrent=4, on_record=on_record)
+        p.make_task = lambda i: Task(ledger, i, sleep_s=0.01 if i == 0 else 5.0)
+        p.make_runtime = lambda i: SlowStop(ledger)
+        with pytest.raises(OSError, match="disk full"):
+            await run_rollouts(p)
+        return ledger.starts, ledger.stops  # at the moment the error reached the caller
+
+    assert asyncio.run(go()) == (4, 4)
+
+
+def test_a_ratio_metrics_sample_is_its_value_per_pairs() -> None:
+    from metrale.plugin import Metric
+
+    rate = Metric("tok_s", "tok/s", "higher", "tokens per second", stat="ratio",
+                  value=lambda r: r.metrics["tokens"], per=lambda r: r.metrics["secs"])  # fmt: skip
+    progress = Progress(metrics=[rate])
+    for i, (tokens, secs) in enumerate(((10, 2), (30, 3))):
+        progress.add(RolloutRecord(id=f"r-{i}", benchmark="fake", index=i, started_at=0.0,
+                                   metrics={"tokens": tokens, "secs": secs}))  # fmt: skip
+    assert progress.sample(rate) == [(10.0, 2.0), (30.0, 3.0)]
+    assert rate.compute(progress.sample(rate)) == 8.0  # (10 + 30) / (2 + 3)
