@@ -541,3 +541,71 @@ def test_a_ratio_metrics_sample_is_its_value_per_pairs() -> None:
                                    metrics={"tokens": tokens, "secs": secs}))  # fmt: skip
     assert progress.sample(rate) == [(10.0, 2.0), (30.0, 3.0)]
     assert rate.compute(progress.sample(rate)) == 8.0  # (10 + 30) / (2 + 3)
+
+
+class TornDown(Task):
+    """A task whose teardown fails; it records that it ran, after the runtime's stop."""
+
+    async def teardown(self, ctx: RolloutContext) -> None:
+        self.ledger.events.append(f"{self.index}:teardown after {self.ledger.stops} stop")
+        raise ValueError("cleanup failed")
+
+
+def test_a_failing_teardown_is_the_rollouts_error_unless_it_already_has_one() -> None:
+    ledger = Ledger()
+    p = plan(ledger)
+    p.make_task = lambda i: TornDown(ledger, i)
+    [clean] = run(p)
+    assert clean.error is not None
+    assert (clean.error.type, clean.error.message) == ("teardown", "cleanup failed")
+    assert ledger.events[-1] == "0:teardown after 1 stop"
+    p.make_task = lambda i: TornDown(ledger, i, fail="generation")
+    [failed] = run(p)
+    assert failed.error is not None
+    assert (failed.error.type, failed.error.stage) == ("Boom", "generation")
+
+
+def test_turns_add_up_over_the_rollouts_that_count_them() -> None:
+    progress = Progress()
+    assert progress.turns is None
+    for i, turns in enumerate((2, None, 3)):
+        progress.add(RolloutRecord(id=f"r-{i}", benchmark="fake", index=i, started_at=0.0,
+                                   turns=turns))  # fmt: skip
+    assert progress.turns == 5
+
+
+def test_the_live_p50_is_over_every_value_up_to_4096_then_over_a_stride() -> None:
+    progress = Progress()
+    assert progress.running_p50("generation") is None
+    progress.durations["generation"].extend([4.0, 1.0, 3.0, 2.0])
+    assert progress.running_p50("generation") == 2.5
+    progress.durations["total"].extend(float(i) for i in range(8190))
+    assert progress.running_p50("total") == 4094.5  # 8190 // 4096 = 1: every value
+    progress.durations["total"].extend([8190.0, 8191.0])
+    # 8192 values: every 2nd (0, 2, ..., 8190), whose p50 is 4095 (the whole sample's: 4095.5)
+    assert progress.running_p50("total") == 4095.0
+    assert progress.running_p50("total", limit=8192) == 4095.5
+
+
+def test_finish_completes_its_work_through_a_cancellation_then_raises_it() -> None:
+    from metrale.rollout import finish
+
+    ended: list[str] = []
+
+    async def stop() -> int:
+        await asyncio.sleep(0.1)
+        ended.append("stopped")
+        return 7
+
+    async def main() -> None:
+        assert await finish(stop()) == 7
+        waiter = asyncio.create_task(finish(stop()))
+        await asyncio.sleep(0.02)
+        waiter.cancel()
+        await asyncio.sleep(0.02)
+        waiter.cancel()  # again: asyncio.run does this to what is left at exit
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert ended == ["stopped", "stopped"]  # the second stop ran to its end
+
+    asyncio.run(main())
