@@ -609,3 +609,44 @@ def test_finish_completes_its_work_through_a_cancellation_then_raises_it() -> No
         assert ended == ["stopped", "stopped"]  # the second stop ran to its end
 
     asyncio.run(main())
+
+
+def test_finish_raises_a_cancellation_that_lands_as_its_work_ends() -> None:
+    """The cancel reaches `finish` in the loop iteration in which its work completes (the
+    work's task runs, then this test's, then `finish` wakes): the result is there, and the
+    cancellation must still be raised, or a Ctrl-C at that moment would be lost and the
+    worker would go on to its next rollout."""
+    from metrale.rollout import finish
+
+    async def work() -> int:
+        return 7
+
+    async def main() -> None:
+        outer = asyncio.create_task(finish(work()))
+        await asyncio.sleep(0)  # `finish` starts the work's task and waits on it
+        await asyncio.sleep(0)  # the work's task has run and completed
+        outer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await outer
+
+    asyncio.run(main())
+
+
+def test_the_fd_cap_counts_sandboxes_and_only_the_rollouts_left_to_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from metrale.rollout import pool
+
+    asked: list[bool] = []
+
+    def cap(sandboxed: bool) -> int:
+        asked.append(sandboxed)
+        return 3
+
+    monkeypatch.setattr(pool, "fd_concurrency_cap", cap)
+    warnings: list[str] = []
+    # A resumed run: 3 of 5 rollouts left, unbounded, a cap of 3: nothing to cut.
+    records = run(plan(Ledger(), count=5, skip={0, 3}, on_warning=warnings.append))
+    assert [r.index for r in records] == [1, 2, 4] and warnings == []
+    run(plan(Ledger(), with_runtime=False))
+    assert asked == [True, False]
