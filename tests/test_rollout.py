@@ -650,3 +650,35 @@ def test_the_fd_cap_counts_sandboxes_and_only_the_rollouts_left_to_run(
     assert [r.index for r in records] == [1, 2, 4] and warnings == []
     run(plan(Ledger(), with_runtime=False))
     assert asked == [True, False]
+
+
+class TimedStop(FakeRuntime):
+    """A stop() that takes 50 ms."""
+
+    async def stop(self) -> None:
+        await asyncio.sleep(0.05)
+        await super().stop()
+
+
+def test_stop_s_is_the_final_stop_and_a_restarts_stop_is_inside_its_stage() -> None:
+    ledger = Ledger()
+    p = plan(ledger)
+    p.make_runtime = lambda i: TimedStop(ledger)
+    [once] = run(p)
+    assert once.stop_s is not None and 0.05 <= once.stop_s < 1.0  # lower bound: the sleep
+    p.make_task = lambda i: Restarting(ledger, i)
+    [twice] = run(p)  # the first runtime stopped at the restart, in scoring
+    assert twice.stop_s is not None and 0.05 <= twice.stop_s < 1.0
+    assert twice.stages["scoring"].duration_s >= 0.05
+
+
+def test_a_long_teardown_error_is_cut_at_500_characters() -> None:
+    class LongTeardown(Task):
+        async def teardown(self, ctx: RolloutContext) -> None:
+            raise ValueError("z" * 600)
+
+    ledger = Ledger()
+    p = plan(ledger)
+    p.make_task = lambda i: LongTeardown(ledger, i)
+    [record] = run(p)
+    assert record.error is not None and record.error.message == "z" * 500
