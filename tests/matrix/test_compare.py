@@ -209,3 +209,42 @@ def test_the_default_tolerance_is_5_percent() -> None:
     assert verdicts(near)["generation"] == "same"
     far = compare_cells(a, make_cell(seed=1, rollouts=400, scale=1.07), resamples=300)
     assert verdicts(far)["generation"] == "worse"
+
+
+def test_a_whole_run_value_row_has_its_difference_and_no_verdict() -> None:
+    a, b = make_cell(seed=1), make_cell(seed=1)
+    a.e2e_s, b.e2e_s = 10.0, 12.5
+    [row] = compare_cells(a, b, names=("e2e_s",))
+    assert (row.a, row.b, row.diff, row.low, row.high, row.verdict) == (
+        10.0, 12.5, 2.5, None, None, "n/a"
+    )  # fmt: skip
+    b.e2e_s = None
+    [row] = compare_cells(a, b, names=("e2e_s",))
+    assert (row.a, row.b, row.diff, row.verdict) == (10.0, None, None, "n/a")
+
+
+def test_defaults_2000_resamples_and_5_percent_from_files_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from metrale.matrix import compare
+
+    real = compare.bootstrap_diff
+    used: list[int] = []
+
+    def spy(*args, resamples: int, **kw):  # type: ignore[no-untyped-def]
+        used.append(resamples)
+        return real(*args, resamples=min(resamples, 200), **kw)
+
+    monkeypatch.setattr(compare, "bootstrap_diff", spy)
+    base = make_cell(seed=1, rollouts=2000)
+    compare_cells(base, make_cell(seed=2), names=("generation",))
+    assert used == [2000]
+    write_cell(tmp_path / "a", base)
+    # B is A's every duration x 1.045: the interval excludes 0, the 4.5% is within 5%
+    write_cell(tmp_path / "b", make_cell(seed=1, rollouts=2000, scale=1.045))
+    [a] = list((tmp_path / "a").glob("*.json"))
+    [b] = list((tmp_path / "b").glob("*.json"))
+    near = compare_paths(a, b, names=("generation",))
+    assert used == [2000, 2000] and verdicts(near.rows) == {"generation": "same"}
+    [row] = near.rows
+    assert row.low is not None and row.low > 0
