@@ -133,6 +133,9 @@ def test_the_metrics_their_directions_and_floors() -> None:
         ("total", "lower", 0.001), ("error_rate", "lower", 0.0), ("reward_mean", "higher", 0.0),
     ]  # fmt: skip
     assert DURATION_ABS_TOL_S == 0.001
+    # serve's metrics in milliseconds get the same 1 ms floor
+    tpot = Metric("tpot_ms", "ms", "lower", "time per output token", stat="p50")
+    assert abs_tol(tpot) == 1.0
     assert declared["ttft_s"].stat == "p50" and declared["accuracy"].better == "higher"
 
 
