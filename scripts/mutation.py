@@ -65,7 +65,11 @@ MODULES: dict[str, Module] = {
     ),
     "stream": Module(
         "src/metrale/endpoint/stream.py",
-        ("tests/endpoint/test_stream.py", "tests/endpoint/test_client_timing.py"),
+        (
+            "tests/endpoint/test_stream.py",
+            "tests/endpoint/test_client_timing.py",
+            "tests/endpoint/test_client.py",
+        ),
     ),
     # The rollout driver: the pool (stage clocks, stop on every path, one record per rollout),
     # the benchmark base it drives, the records and the summary built from them.
