@@ -251,3 +251,11 @@ def test_defaults_2000_resamples_and_5_percent_from_files_too(
     assert used == [2000, 2000] and verdicts(near.rows) == {"generation": "same"}
     [row] = near.rows
     assert row.low is not None and row.low > 0
+
+
+def test_two_sweep_directories_of_one_cell_each_compare(tmp_path: Path) -> None:
+    write_cell(tmp_path / "a", make_cell("none-r64", seed=1))
+    write_cell(tmp_path / "b", make_cell("none-r64", seed=2))
+    result = compare_paths(tmp_path / "a", tmp_path / "b", resamples=50, names=("total",))
+    assert [(r.cell, r.metric) for r in result.rows] == [("none-r64", "total")]
+    assert result.unmatched == [] and "total" in {m.name for m in result.metrics}
