@@ -205,7 +205,8 @@ def test_only_finished_starts_adapt_the_limit() -> None:
         assert slot.limiter._shortest is None and slot.limiter.in_flight == 0
         async with StartLimiter(4).slot() as slot:
             await asyncio.sleep(0.01)
-        assert slot.limiter._shortest is not None and slot.limiter._shortest >= 0.005
+        # the 10 ms the slot was held (generous upper bound: a loaded machine)
+        assert slot.limiter._shortest is not None and 0.005 <= slot.limiter._shortest < 5.0
 
     asyncio.run(main())
 
