@@ -424,3 +424,32 @@ def test_error_messages_keep_a_bounded_prefix_of_the_body() -> None:
 def test_an_error_without_a_call_record_used_no_retries() -> None:
     assert EndpointError("timeout", "late").retries == 0
     assert Target(base_url="http://h/v1", model="m").embedded is False
+
+
+def test_a_server_that_breaks_http_is_a_protocol_failure_and_not_retried() -> None:
+    """A raw loopback server answering every request with a line that is not HTTP."""
+    requests: list[int] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        requests.append(1)
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"SSH-2.0-OpenSSH\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async def go() -> EndpointError:
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            target = Target(base_url=f"http://127.0.0.1:{port}/v1", model="m")
+            async with ChatClient(target, ClientOptions(retries=2)) as client:
+                with pytest.raises(EndpointError) as info:
+                    await client.chat(MESSAGES)
+            return info.value
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    err = asyncio.run(go())
+    assert err.kind == "bad_status_line" and err.retries == 0 and requests == [1]
+    assert str(err) == "not an HTTP status line: b'SSH-2.0-OpenSSH\\r\\n'"
