@@ -453,3 +453,12 @@ def test_a_server_that_breaks_http_is_a_protocol_failure_and_not_retried() -> No
     err = asyncio.run(go())
     assert err.kind == "bad_status_line" and err.retries == 0 and requests == [1]
     assert str(err) == "not an HTTP status line: b'SSH-2.0-OpenSSH\\r\\n'"
+
+
+def test_every_2xx_is_an_answer_and_3xx_is_not() -> None:
+    body = {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}]}
+    for status in (200, 201, 299):
+        record = call(json_reply(body, status=status), ClientOptions(stream=False))
+        assert (record.status, record.content) == (status, "ok")
+    err = failure(json_reply(body, status=300), ClientOptions(stream=False, retries=2))
+    assert err.kind == "http_300" and err.retries == 0
