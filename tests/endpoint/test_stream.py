@@ -253,3 +253,18 @@ def test_bytes_after_done_in_the_same_read_are_not_parsed() -> None:
     # ... and a trailing event without its blank line is parsed at the end of the body
     tail = read([event({"content": "a"}), event({}, finish="stop").rstrip(b"\n")])
     assert tail.finish_reason == "stop" and tail.chunks == 1
+
+
+def test_a_json_body_reads_its_first_choice_and_has_no_reasoning_chunks() -> None:
+    body = {"choices": [{"message": {"content": "first"}, "finish_reason": "stop"},
+                        {"message": {"content": "second"}, "finish_reason": "length"}]}  # fmt: skip
+    done = StreamParser().body(body, 200, 0.2)
+    assert (done.content, done.finish_reason, done.chunks, done.reasoning_chunks) == (
+        "first", "stop", 1, 0
+    )  # fmt: skip
+
+
+def test_an_empty_completion_has_no_chunks_and_no_times() -> None:
+    empty = Completion(status=200)
+    assert (empty.chunks, empty.reasoning_chunks, empty.ttft_s, empty.e2e_s) == (0, 0, None, None)
+    assert empty.chunk_tokens() == [] and empty.tool_calls == [] and empty.chunk_usage == []
