@@ -268,3 +268,12 @@ def test_an_empty_completion_has_no_chunks_and_no_times() -> None:
     empty = Completion(status=200)
     assert (empty.chunks, empty.reasoning_chunks, empty.ttft_s, empty.e2e_s) == (0, 0, None, None)
     assert empty.chunk_tokens() == [] and empty.tool_calls == [] and empty.chunk_usage == []
+
+
+def test_a_crlf_stream_is_split_into_events_as_each_read_arrives() -> None:
+    crlf = [p.replace(b"\n", b"\r\n") for p in
+            (event({"content": "a"}), event({"content": "b"}, finish="stop"), DONE)]  # fmt: skip
+    done = read(crlf, keep_text=True)
+    assert done.content == "ab" and done.finish_reason == "stop"
+    times = done.chunk_times_s
+    assert times is not None and len(times) == 2 and times[0] < times[1]  # reads 10 ms apart
