@@ -462,3 +462,36 @@ def test_every_2xx_is_an_answer_and_3xx_is_not() -> None:
         assert (record.status, record.content) == (status, "ok")
     err = failure(json_reply(body, status=300), ClientOptions(stream=False, retries=2))
     assert err.kind == "http_300" and err.retries == 0
+
+
+def test_what_follows_done_in_later_reads_is_drained_not_parsed() -> None:
+    record = call(sse(data({"content": "x"}, "stop"), DONE, 0.05, b"data: {not json\n\n"))
+    assert record.content == "x" and record.finish_reason == "stop"
+
+
+def test_a_slow_chunked_terminator_is_drained_so_the_connection_is_reused() -> None:
+    """The server sends [DONE], then ends the body 0.2 s later: within the drain's 1 s."""
+
+    async def go() -> tuple[int, int]:
+        handler = sse(data({"content": "x"}, "stop"), DONE, 0.2)
+        async with serve(handler) as url, ChatClient(Target(base_url=url, model="m")) as client:
+            await client.chat(MESSAGES)
+            assert client._pool is not None
+            first = list(client._pool._idle)
+            await client.chat(MESSAGES)
+            return len(first), len(client._pool._idle)
+
+    assert asyncio.run(go()) == (1, 1)
+
+
+def test_a_json_bodys_ttft_is_counted_from_the_send() -> None:
+    body = {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}]}
+    record = call(json_reply(body, delay_s=0.2), ClientOptions(stream=False))
+    assert record.ttft_s is not None and 0.2 <= record.ttft_s < 30.0
+
+
+def test_every_choice_of_an_event_is_read() -> None:
+    two = b'data: {"choices": [{"index": 0, "delta": {"role": "assistant"}}, ' \
+          b'{"index": 1, "delta": {"content": "x"}, "finish_reason": "stop"}]}\n\n'  # fmt: skip
+    record = call(sse(two, DONE))
+    assert (record.content, record.finish_reason, record.completion_tokens) == ("x", "stop", 1)
