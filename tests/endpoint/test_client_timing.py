@@ -495,3 +495,31 @@ def test_every_choice_of_an_event_is_read() -> None:
           b'{"index": 1, "delta": {"content": "x"}, "finish_reason": "stop"}]}\n\n'  # fmt: skip
     record = call(sse(two, DONE))
     assert (record.content, record.finish_reason, record.completion_tokens) == ("x", "stop", 1)
+
+
+def test_a_status_below_200_is_not_an_answer() -> None:
+    """A raw loopback server answering `199` (a 1xx as final status, as a broken proxy may)."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 199 Odd\r\nContent-Type: text/plain\r\nContent-Length: 4\r\n\r\nodd!"
+        )
+        await writer.drain()
+        writer.close()
+
+    async def go() -> EndpointError:
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            target = Target(base_url=f"http://127.0.0.1:{port}/v1", model="m")
+            async with ChatClient(target, ClientOptions(retries=0)) as client:
+                with pytest.raises(EndpointError) as info:
+                    await client.chat(MESSAGES)
+            return info.value
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    err = asyncio.run(go())
+    assert err.kind == "http_199" and str(err) == "HTTP 199: odd!"
