@@ -523,3 +523,10 @@ def test_a_status_below_200_is_not_an_answer() -> None:
 
     err = asyncio.run(go())
     assert err.kind == "http_199" and str(err) == "HTTP 199: odd!"
+
+
+def test_chunk_times_are_recorded_only_when_asked() -> None:
+    handler = sse(data({"content": "a"}), data({"content": "b"}, "stop"), DONE)
+    assert call(handler).chunk_times_s is None
+    times = call(handler, record_chunks=True).chunk_times_s
+    assert times is not None and len(times) == 2
