@@ -13,7 +13,8 @@ hand: a comparison moved to its boundary neighbour or negated (`<` <-> `<=`, `==
 `False`, `break` <-> `continue`, a loop that runs zero times, an `except` that catches nothing,
 a decorator removed. Cosmic-ray's other binary swaps (`-` -> `<<`, `*` -> `^`, ...) crash at
 once and only inflate the score; mutants inside type annotations change nothing (the modules
-use `from __future__ import annotations`), so both are dropped before the run.
+use `from __future__ import annotations`), nor does negating `if TYPE_CHECKING:` (a name for
+the type checker is imported at run time too), so all three are dropped before the run.
 
     python scripts/mutation.py                 # every module, score table on stdout
     python scripts/mutation.py stats rollout   # some modules
@@ -29,6 +30,7 @@ import argparse
 import ast
 import json
 import os
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -55,16 +57,51 @@ MODULES: dict[str, Module] = {
         "src/metrale/benchmarks/gsm8k/answer.py", ("tests/benchmarks/test_gsm8k_answer.py",)
     ),
     "stats": Module("src/metrale/stats.py", ("tests/test_stats.py",)),
+    # The endpoint client: retries, errors and the call record in client.py; the one SSE
+    # parser, the TTFT / E2E / ITL clocks and the token source in stream.py.
     "client": Module(
         "src/metrale/endpoint/client.py",
-        ("tests/endpoint/test_client_timing.py", "tests/endpoint/test_client.py"),
+        ("tests/endpoint/test_client.py", "tests/endpoint/test_client_timing.py"),
     ),
-    "rollout": Module("src/metrale/rollout.py", ("tests/test_rollout.py",)),
+    "stream": Module(
+        "src/metrale/endpoint/stream.py",
+        (
+            "tests/endpoint/test_stream.py",
+            "tests/endpoint/test_client_timing.py",
+            "tests/endpoint/test_client.py",
+        ),
+    ),
+    # The rollout driver: the pool (stage clocks, stop on every path, one record per rollout),
+    # the benchmark base it drives, the records and the summary built from them.
+    "pool": Module(
+        "src/metrale/rollout/pool.py",
+        ("tests/test_rollout.py", "tests/test_start_limiter.py", "tests/test_driver.py"),
+    ),
+    "driver": Module(
+        "src/metrale/rollout/driver.py", ("tests/test_driver.py", "tests/test_rollout.py")
+    ),
+    "records": Module(
+        "src/metrale/rollout/records.py",
+        ("tests/test_rollout.py", "tests/test_driver.py"),
+    ),
+    "summary": Module(
+        "src/metrale/rollout/summary.py",
+        (
+            "tests/test_rollout.py",
+            "tests/test_driver.py",
+            "tests/test_start_limiter.py",
+            "tests/benchmarks/agentic_webserver/test_metrics.py",
+        ),
+    ),
+    "limiter": Module("src/metrale/rollout/limiter.py", ("tests/test_start_limiter.py",)),
     "compare": Module("src/metrale/matrix/compare.py", ("tests/matrix/test_compare.py",)),
-    "budgets": Module(
-        "src/metrale/plugin.py",
-        ("tests/test_budgets.py",),
-        scope=("check_bounds", "load_budgets", "Verdict", "_value_text", "_num_text"),
+    # Budgets: reading BENCH.toml (budgets.py) and the check that makes them a verdict
+    # (plugin/results.py; only the bound-checking part of it is core).
+    "budgets": Module("src/metrale/budgets.py", ("tests/test_budgets.py", "tests/test_plugin.py")),
+    "verdict": Module(
+        "src/metrale/plugin/results.py",
+        ("tests/test_budgets.py", "tests/test_plugin.py"),
+        scope=("check_bounds", "Verdict", "Check", "_value_text", "_num_text"),
     ),
 }
 
@@ -99,6 +136,8 @@ def _annotation_spans(tree: ast.AST) -> list[tuple[tuple[int, int], tuple[int, i
             notes.append(node.returns)
         elif isinstance(node, ast.arg | ast.AnnAssign):
             notes.append(node.annotation)
+        elif isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            notes.append(node.test)  # `if not TYPE_CHECKING:` only imports a name early
         for n in notes:
             if n is not None and n.end_lineno is not None and n.end_col_offset is not None:
                 spans.append(((n.lineno, n.col_offset), (n.end_lineno, n.end_col_offset)))
@@ -145,21 +184,45 @@ def _copy_tree(dest: Path) -> None:
             shutil.copy2(src, dest / name)
 
 
-def _config(module: Module, timeout_s: float) -> str:
-    tests = " ".join(module.tests)
-    command = (
+def _test_command(module: Module, timeout_s: float) -> str:
+    return (
         f"{sys.executable} -m pytest -x -q -p no:cacheprovider -p no:randomly "
-        f"--timeout {int(timeout_s)} {tests}"
+        f"--timeout {max(1, int(timeout_s))} {' '.join(module.tests)}"
     )
+
+
+def _config(module: Module, timeout_s: float) -> str:
     return (
         "[cosmic-ray]\n"
         f"module-path = {json.dumps(module.path)}\n"
         f"timeout = {timeout_s}\n"
         "excluded-modules = []\n"
-        f"test-command = {json.dumps(command)}\n"
+        f"test-command = {json.dumps(_test_command(module, timeout_s))}\n"
         "[cosmic-ray.distributor]\n"
         'name = "local"\n'
     )
+
+
+class BaselineFailed(Exception):
+    """The module's tests fail on the unmutated copy: every mutant would count as killed."""
+
+
+def _baseline(module: Module, work: Path, env: dict[str, str], timeout_s: float | None) -> float:
+    """Run the tests once, unmutated; returns the per-mutant timeout.
+
+    A mutant that makes the tests hang (a loop that never ends) is killed by the timeout; a
+    fixed two-minute timeout makes each such mutant cost two minutes, so the default is
+    derived from the baseline instead: 4x its duration plus 10 s for a loaded machine.
+    """
+    started = time.monotonic()
+    argv = shlex.split(_test_command(module, timeout_s or 600))
+    done = subprocess.run(["nice", "-n", "19", *argv], cwd=work, env=env, capture_output=True,
+                          text=True)  # fmt: skip
+    took = time.monotonic() - started
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
+        raise BaselineFailed(f"{module.path}: its tests fail before any mutation:\n{tail}")
+    return timeout_s if timeout_s is not None else round(4 * took + 10)
 
 
 @dataclass
@@ -174,11 +237,13 @@ class Score:
         return 100.0 * self.killed / self.total if self.total else 100.0
 
 
-def run_module(name: str, work: Path, timeout_s: float, shard: tuple[int, int] = (0, 1)) -> Score:
+def run_module(
+    name: str, work: Path, timeout_s: float | None, shard: tuple[int, int] = (0, 1)
+) -> Score:
     module = MODULES[name]
     cfg, db = work / f"{name}.toml", work / f"{name}.sqlite"
-    cfg.write_text(_config(module, timeout_s))
     env = {**os.environ, "PYTHONPATH": str(work / "src")}
+    cfg.write_text(_config(module, _baseline(module, work, env, timeout_s)))
     cr = [sys.executable, "-m", "cosmic_ray.cli"]
     subprocess.run([*cr, "init", str(cfg), str(db)], cwd=work, env=env, check=True)
     _prune(db, work / module.path, module, shard)
@@ -203,11 +268,38 @@ def _is_killed(test_outcome: str | None, worker_outcome: str | None) -> bool:
     return (test_outcome or "").upper() == "KILLED" or (worker_outcome or "").upper() == "TIMEOUT"
 
 
+def _kill_leftovers(work: Path) -> None:
+    """Kill what still runs in the private copy after an interrupt.
+
+    cosmic-ray starts each mutant's tests in a session of their own (so that a timeout kills
+    the whole group); when cosmic-ray itself is killed, that group is orphaned and would keep
+    running a mutant. Its processes are found by their working directory, the copy.
+    """
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+            pid = int(entry.name)
+            if Path(cwd).is_relative_to(work):
+                if os.getpgid(pid) == pid:
+                    os.killpg(pid, signal.SIGKILL)
+                else:
+                    os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError):
+            continue  # gone already, or not ours to read
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("modules", nargs="*", help=f"default: all of {', '.join(MODULES)}")
     parser.add_argument("--list", action="store_true", help="show modules and their tests")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per mutant")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds per mutant (default: 4x the unmutated test run + 10 s)",
+    )
     parser.add_argument("--min-score", type=float, default=0.0,
                         help="exit 1 when a module kills fewer than this percent")  # fmt: skip
     parser.add_argument(
@@ -231,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--shard {args.shard!r} must be I/N with 0 <= I < N, e.g. 0/2", file=sys.stderr)
         return 2
     shard = (int(index), int(count))
+    if args.timeout is not None and not args.timeout > 0:
+        print(f"--timeout {args.timeout:g} must be a number of seconds > 0", file=sys.stderr)
+        return 2
     if shutil.which("nice") is None:
         print("mutation testing runs its mutants under `nice`, which is not on PATH",
               file=sys.stderr)  # fmt: skip
@@ -245,15 +340,22 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     scores = []
     with tempfile.TemporaryDirectory(prefix="metrale-mutation-") as tmp:
-        work = Path(tmp)
+        work = Path(tmp).resolve()
         _copy_tree(work)
-        for name in args.modules or list(MODULES):
-            started = time.monotonic()
-            score = run_module(name, work, args.timeout, shard)
-            took = time.monotonic() - started
-            print(f"{name}: {score.killed}/{score.total} killed ({score.percent:.1f}%) "
-                  f"in {took:.0f} s", file=sys.stderr, flush=True)  # fmt: skip
-            scores.append(score)
+        try:
+            for name in args.modules or list(MODULES):
+                started = time.monotonic()
+                try:
+                    score = run_module(name, work, args.timeout, shard)
+                except BaselineFailed as exc:
+                    print(exc, file=sys.stderr)
+                    return 1
+                took = time.monotonic() - started
+                print(f"{name}: {score.killed}/{score.total} killed ({score.percent:.1f}%) "
+                      f"in {took:.0f} s", file=sys.stderr, flush=True)  # fmt: skip
+                scores.append(score)
+        finally:
+            _kill_leftovers(work)
     print("| module | file | mutants | killed | score |")
     print("| --- | --- | --- | --- | --- |")
     for s in scores:

@@ -128,3 +128,21 @@ def test_bad_budgets_files_are_usage_errors(tmp_path: Path, text: str, message: 
 def test_a_missing_budgets_file_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="does not exist"):
         load_budgets(tmp_path / "nope.toml", "gsm8k")
+
+
+def test_budget_metrics_must_be_declared_by_the_benchmark() -> None:
+    from metrale.budgets import check_budget_metrics
+    from metrale.plugin import Metric
+
+    metrics = [
+        Metric("reward_mean", "1", "higher", "mean reward"),
+        Metric("e2e_p50", "s", "lower", "median end to end"),
+    ]
+    # Names with underscores: only the last `_min` / `_max` is the suffix.
+    check_budget_metrics({"reward_mean_min": 0.5, "e2e_p50_max": 2.0}, metrics, "gsm8k")
+    check_budget_metrics({}, metrics, "gsm8k")
+    with pytest.raises(UsageError) as info:
+        check_budget_metrics({"reward_mean_min": 0.5, "ttft_p50_max": 1.0}, metrics, "gsm8k")
+    assert str(info.value) == (
+        "budget 'ttft_p50_max': gsm8k declares no metric 'ttft_p50'; accepted: reward_mean, e2e_p50"
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -348,3 +349,343 @@ def test_a_long_teardown_message_is_cut_at_500_characters() -> None:
                     make_runtime=lambda _index: LongStop(Ledger()))  # fmt: skip
     [record] = run(p)
     assert record.error is not None and record.error.message == "y" * 500
+
+
+class Restarting(Task):
+    """Scores in a fresh runtime: `ctx.restart_runtime()` before scoring."""
+
+    async def score(self, ctx: RolloutContext) -> None:
+        first = ctx.runtime
+        fresh = await ctx.restart_runtime()
+        assert fresh is ctx.runtime and fresh is not first
+        self.ledger.events.append(f"{self.index}:restarted")
+        await super().score(ctx)
+
+
+def test_a_restarted_runtime_replaces_the_first_and_both_are_stopped() -> None:
+    ledger = Ledger()
+    p = plan(ledger, count=2)
+    p.make_task = lambda i: Restarting(ledger, i)
+    records = run(p)
+    assert [r.error for r in records] == [None, None]
+    assert ledger.starts == 4 and ledger.stops == 4  # two runtimes a rollout, each stopped
+    assert ledger.events.count("0:restarted") == 1 and ledger.events.count("1:restarted") == 1
+
+
+def test_an_in_process_rollout_has_no_runtime_to_restart() -> None:
+    ledger = Ledger()
+    p = plan(ledger, with_runtime=False)
+    p.make_task = lambda i: Restarting(ledger, i)
+    [record] = run(p)
+    assert record.error is not None and record.error.stage == "scoring"
+    assert (record.error.type, record.error.message) == (
+        "RuntimeError", "this rollout has no runtime to restart"
+    )  # fmt: skip
+
+
+def test_a_context_prints_without_its_restart_hook() -> None:
+    record = RolloutRecord(id="r-0", benchmark="fake", index=0, started_at=0.0)
+    ctx = RolloutContext(index=0, record=record, _restart=lambda c: None)  # type: ignore[arg-type,return-value]
+    assert "_restart" not in repr(ctx) and "index=0" in repr(ctx)
+
+
+def test_each_stage_metric_reads_its_own_duration_off_a_record() -> None:
+    timing = StageTiming(started_at=0.0, start_s=0.0, end_s=0.5, duration_s=0.5)
+    record = RolloutRecord(
+        id="r-0", benchmark="fake", index=0, started_at=0.0, total_s=2.0, setup_wait_s=0.25,
+        stop_s=0.125, stages={"generation": timing},
+    )  # fmt: skip
+    by_name = {m.name: m for m in ROLLOUT_METRICS}
+    read = {n: by_name[n].value(record) for n in  # type: ignore[misc]
+            ("setup", "generation", "scoring", "total", "setup_wait", "stop")}  # fmt: skip
+    assert read == {"setup": None, "generation": 0.5, "scoring": None, "total": 2.0,
+                    "setup_wait": 0.25, "stop": 0.125}  # fmt: skip
+
+
+def test_only_per_rollout_values_are_sampled_not_stages_or_whole_run_values() -> None:
+    from metrale.rollout.summary import sampled
+
+    assert [m.name for m in sampled(ROLLOUT_METRICS)] == [
+        "reward_mean", "error_rate", "errors", "retries"
+    ]  # fmt: skip
+
+
+def test_a_sample_of_few_distinct_values_is_kept_as_values_and_counts() -> None:
+    from metrale.rollout.summary import compact
+
+    assert compact([2.0, 1.0, 2.0, 2.0]) == {"values": [1.0, 2.0], "counts": [1, 3]}
+    assert compact([]) == {"values": [], "counts": []}
+    assert compact([(1.0, 2.0), (3.0, 4.0)]) == [[1.0, 2.0], [3.0, 4.0]]
+    sixty_four = [float(i) for i in range(64)] * 2
+    assert compact(sixty_four) == {"values": [float(i) for i in range(64)], "counts": [2] * 64}
+    many = [float(i) for i in range(65)]
+    assert compact(many) is many  # past 64 distinct values: the sample as it is
+
+
+def test_a_count_reads_as_an_integer_and_a_mean_stays_a_float() -> None:
+    recs = [RolloutRecord(id=f"r-{i}", benchmark="fake", index=i, started_at=0.0, reward=1.0)
+            for i in range(3)]  # fmt: skip
+    metrics = summarize_records(recs, ROLLOUT_METRICS).metrics
+    assert repr(metrics["reward_mean"]) == "1.0" and repr(metrics["error_rate"]) == "0.0"
+    assert repr(metrics["errors"]) == "0" and repr(metrics["retries"]) == "0"
+
+
+# --------------------------------------------------------------------------- descriptors and bounds
+
+
+class Limits:
+    """A stand-in for `resource`'s RLIMIT_NOFILE: what it reports and what was set."""
+
+    def __init__(self, soft: int, hard: int) -> None:
+        self.soft, self.hard = soft, hard
+        self.set: list[tuple[int, int]] = []
+
+    def getrlimit(self, which: int) -> tuple[int, int]:
+        return self.soft, self.hard
+
+    def setrlimit(self, which: int, limits: tuple[int, int]) -> None:
+        self.set.append(limits)
+        self.soft = limits[0]
+
+
+def fd_cap(monkeypatch: pytest.MonkeyPatch, soft: int, hard: int, open_fds: int | None,
+           sandboxed: bool) -> tuple[int, list[tuple[int, int]]]:  # fmt: skip
+    import resource
+
+    from metrale.rollout import fds
+
+    limits = Limits(soft, hard)
+    monkeypatch.setattr(resource, "getrlimit", limits.getrlimit)
+    monkeypatch.setattr(resource, "setrlimit", limits.setrlimit)
+
+    def listdir(path: str) -> list[str]:
+        if open_fds is None:
+            raise PermissionError(path)
+        return [str(i) for i in range(open_fds)]
+
+    monkeypatch.setattr(fds.os, "listdir", listdir)
+    return fds.fd_concurrency_cap(sandboxed), limits.set
+
+
+def test_the_fd_cap_is_what_the_limit_leaves_after_a_reserve(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (soft - open - 64 reserved) // per rollout: 2 descriptors, 10 with a sandbox
+    assert fd_cap(monkeypatch, 1024, 1024, 36, sandboxed=False) == (462, [])
+    assert fd_cap(monkeypatch, 1024, 1024, 36, sandboxed=True) == (92, [])
+    # /proc/self/fd unreadable: 32 open assumed
+    assert fd_cap(monkeypatch, 1024, 1024, None, sandboxed=False) == (464, [])
+    # the soft limit is raised to the hard one, and not beyond 64 Ki
+    assert fd_cap(monkeypatch, 1024, 4096, 36, sandboxed=True) == (399, [(4096, 4096)])
+    inf = __import__("resource").RLIM_INFINITY
+    assert fd_cap(monkeypatch, 1024, inf, 36, sandboxed=False) == (32718, [(65536, inf)])
+    assert fd_cap(monkeypatch, inf, inf, 36, sandboxed=False) == (1 << 30, [])
+    assert fd_cap(monkeypatch, 64, 64, 60, sandboxed=True) == (1, [])  # never below one
+
+
+@pytest.mark.parametrize(
+    ("asked", "warning"),
+    [
+        (3, None),  # exactly the cap: no warning
+        (4, "max_concurrent 4 needs more file descriptors than the limit allows "
+            "(RLIMIT_NOFILE 1000); running at most 3 rollouts at once "
+            "(raise it with 'ulimit -n')"),
+        (None, "max_concurrent unbounded needs more file descriptors than the limit allows "
+               "(RLIMIT_NOFILE 1000); running at most 3 rollouts at once "
+               "(raise it with 'ulimit -n')"),
+    ],
+)  # fmt: skip
+def test_concurrency_past_the_fd_cap_is_cut_to_it_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, asked: int | None, warning: str | None
+) -> None:
+    import resource
+
+    from metrale.rollout import pool
+
+    monkeypatch.setattr(pool, "fd_concurrency_cap", lambda sandboxed: 3)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1000, 5000))
+    ledger, warnings = Ledger(), []
+    run(plan(ledger, count=8, sleep_s=0.02, max_concurrent=asked, on_warning=warnings.append))
+    assert warnings == ([warning] if warning else [])
+    assert ledger.peak == 3
+
+
+def test_a_failing_on_record_stops_every_runtime_before_the_error_propagates() -> None:
+    ledger = Ledger()
+
+    class SlowStop(FakeRuntime):
+        async def stop(self) -> None:
+            await asyncio.sleep(0.05)
+            await super().stop()
+
+    def on_record(record: RolloutRecord) -> None:
+        raise OSError("disk full")
+
+    async def go() -> tuple[int, int]:
+        p = plan(ledger, count=4, max_concurrent=4, on_record=on_record)
+        p.make_task = lambda i: Task(ledger, i, sleep_s=0.01 if i == 0 else 5.0)
+        p.make_runtime = lambda i: SlowStop(ledger)
+        with pytest.raises(OSError, match="disk full"):
+            await run_rollouts(p)
+        return ledger.starts, ledger.stops  # at the moment the error reached the caller
+
+    assert asyncio.run(go()) == (4, 4)
+
+
+def test_a_ratio_metrics_sample_is_its_value_per_pairs() -> None:
+    from metrale.plugin import Metric
+
+    rate = Metric("tok_s", "tok/s", "higher", "tokens per second", stat="ratio",
+                  value=lambda r: r.metrics["tokens"], per=lambda r: r.metrics["secs"])  # fmt: skip
+    progress = Progress(metrics=[rate])
+    for i, (tokens, secs) in enumerate(((10, 2), (30, 3))):
+        progress.add(RolloutRecord(id=f"r-{i}", benchmark="fake", index=i, started_at=0.0,
+                                   metrics={"tokens": tokens, "secs": secs}))  # fmt: skip
+    assert progress.sample(rate) == [(10.0, 2.0), (30.0, 3.0)]
+    assert rate.compute(progress.sample(rate)) == 8.0  # (10 + 30) / (2 + 3)
+
+
+class TornDown(Task):
+    """A task whose teardown fails; it records that it ran, after the runtime's stop."""
+
+    async def teardown(self, ctx: RolloutContext) -> None:
+        self.ledger.events.append(f"{self.index}:teardown after {self.ledger.stops} stop")
+        raise ValueError("cleanup failed")
+
+
+def test_a_failing_teardown_is_the_rollouts_error_unless_it_already_has_one() -> None:
+    ledger = Ledger()
+    p = plan(ledger)
+    p.make_task = lambda i: TornDown(ledger, i)
+    [clean] = run(p)
+    assert clean.error is not None
+    assert (clean.error.type, clean.error.message) == ("teardown", "cleanup failed")
+    assert ledger.events[-1] == "0:teardown after 1 stop"
+    p.make_task = lambda i: TornDown(ledger, i, fail="generation")
+    [failed] = run(p)
+    assert failed.error is not None
+    assert (failed.error.type, failed.error.stage) == ("Boom", "generation")
+
+
+def test_turns_add_up_over_the_rollouts_that_count_them() -> None:
+    progress = Progress()
+    assert progress.turns is None
+    for i, turns in enumerate((2, None, 3)):
+        progress.add(RolloutRecord(id=f"r-{i}", benchmark="fake", index=i, started_at=0.0,
+                                   turns=turns))  # fmt: skip
+    assert progress.turns == 5
+
+
+def test_the_live_p50_is_over_every_value_up_to_4096_then_over_a_stride() -> None:
+    progress = Progress()
+    assert progress.running_p50("generation") is None
+
+    def add(stage: str, values: Iterable[float]) -> None:
+        for x in values:
+            progress.durations[stage].add(x)
+
+    add("generation", [4.0, 1.0, 3.0, 2.0])
+    assert progress.running_p50("generation") == 2.5
+    add("total", (float(i) for i in range(8190)))
+    assert progress.running_p50("total") == 4094.5  # 8190 // 4096 = 1: every value
+    add("total", [8190.0, 8191.0])
+    # 8192 values: every 2nd (0, 2, ..., 8190), whose p50 is 4095 (the whole sample's: 4095.5)
+    assert progress.running_p50("total") == 4095.0
+    assert progress.running_p50("total", limit=8192) == 4095.5
+
+
+def test_finish_completes_its_work_through_a_cancellation_then_raises_it() -> None:
+    from metrale.rollout import finish
+
+    ended: list[str] = []
+
+    async def stop() -> int:
+        await asyncio.sleep(0.1)
+        ended.append("stopped")
+        return 7
+
+    async def main() -> None:
+        assert await finish(stop()) == 7
+        waiter = asyncio.create_task(finish(stop()))
+        await asyncio.sleep(0.02)
+        waiter.cancel()
+        await asyncio.sleep(0.02)
+        waiter.cancel()  # again: asyncio.run does this to what is left at exit
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert ended == ["stopped", "stopped"]  # the second stop ran to its end
+
+    asyncio.run(main())
+
+
+def test_finish_raises_a_cancellation_that_lands_as_its_work_ends() -> None:
+    """The cancel reaches `finish` in the loop iteration in which its work completes (the
+    work's task runs, then this test's, then `finish` wakes): the result is there, and the
+    cancellation must still be raised, or a Ctrl-C at that moment would be lost and the
+    worker would go on to its next rollout."""
+    from metrale.rollout import finish
+
+    async def work() -> int:
+        return 7
+
+    async def main() -> None:
+        outer = asyncio.create_task(finish(work()))
+        await asyncio.sleep(0)  # `finish` starts the work's task and waits on it
+        await asyncio.sleep(0)  # the work's task has run and completed
+        outer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await outer
+
+    asyncio.run(main())
+
+
+def test_the_fd_cap_counts_sandboxes_and_only_the_rollouts_left_to_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from metrale.rollout import pool
+
+    asked: list[bool] = []
+
+    def cap(sandboxed: bool) -> int:
+        asked.append(sandboxed)
+        return 3
+
+    monkeypatch.setattr(pool, "fd_concurrency_cap", cap)
+    warnings: list[str] = []
+    # A resumed run: 3 of 5 rollouts left, unbounded, a cap of 3: nothing to cut.
+    records = run(plan(Ledger(), count=5, skip={0, 3}, on_warning=warnings.append))
+    assert [r.index for r in records] == [1, 2, 4] and warnings == []
+    run(plan(Ledger(), with_runtime=False))
+    assert asked == [True, False]
+
+
+class TimedStop(FakeRuntime):
+    """A stop() that takes 50 ms."""
+
+    async def stop(self) -> None:
+        await asyncio.sleep(0.05)
+        await super().stop()
+
+
+def test_stop_s_is_the_final_stop_and_a_restarts_stop_is_inside_its_stage() -> None:
+    ledger = Ledger()
+    p = plan(ledger)
+    p.make_runtime = lambda i: TimedStop(ledger)
+    [once] = run(p)
+    assert once.stop_s is not None and 0.05 <= once.stop_s < 1.0  # lower bound: the sleep
+    p.make_task = lambda i: Restarting(ledger, i)
+    [twice] = run(p)  # the first runtime stopped at the restart, in scoring
+    assert twice.stop_s is not None and 0.05 <= twice.stop_s < 1.0
+    assert twice.stages["scoring"].duration_s >= 0.05
+
+
+def test_a_long_teardown_error_is_cut_at_500_characters() -> None:
+    class LongTeardown(Task):
+        async def teardown(self, ctx: RolloutContext) -> None:
+            raise ValueError("z" * 600)
+
+    ledger = Ledger()
+    p = plan(ledger)
+    p.make_task = lambda i: LongTeardown(ledger, i)
+    [record] = run(p)
+    assert record.error is not None and record.error.message == "z" * 500

@@ -132,3 +132,98 @@ def test_fifo_and_a_cancelled_waiter_gives_its_slot_on() -> None:
 def test_a_limit_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match=">= 1"):
         StartLimiter(0)
+
+
+def test_the_gradient_rule_on_literal_latencies() -> None:
+    """Worked by hand from the module docstring's rule (tolerance 2, smoothing 0.2):
+    recent' = 0.8 recent + 0.2 x, gradient = clamp(2 shortest / recent', 0.5, 1),
+    limit' = min(ceiling, 0.8 limit + 0.2 (limit gradient + sqrt(limit)))."""
+    limiter = StartLimiter(10, ceiling=12)
+    limits = []
+    for latency in (0.1, 0.1, 0.1, 0.1, 0.1, 0.7, 2.0, 5.0):
+        limiter._observe(latency)
+        limits.append(limiter._limit)
+    assert limits == pytest.approx(
+        # 10 -> 0.8*10 + 0.2*(10 + sqrt 10) = 10.632456, ...; 12 is the ceiling. At 0.7 the
+        # recent average is 0.22: gradient 2*0.1/0.22 is capped at 1, the limit holds.
+        # At 2.0: recent 0.576, gradient 0.347 -> 0.5: 0.8*12 + 0.2*(6 + sqrt 12) = 11.49282.
+        # At 5.0: recent 1.4608, gradient 0.137 -> 0.5: 11.02156.
+        [10.632456, 11.284604, 11.956456, 12.0, 12.0, 12.0, 11.49282, 11.02156],
+        abs=1e-5,
+    )
+    # The limit read back after each change, each value once.
+    assert limiter.history == [10, 11, 12, 11]
+
+
+def test_tolerance_decides_when_a_slower_start_is_contention() -> None:
+    limiter = StartLimiter(12, ceiling=12)
+    for latency in (0.1, 0.7):
+        limiter._observe(latency)
+    # Recent average 0.22 is within the default tolerance, 2x the shortest 0.1: no change ...
+    assert limiter._limit == 12.0
+    strict = StartLimiter(12, ceiling=12, tolerance=1.0)
+    for latency in (0.1, 0.7):
+        strict._observe(latency)
+    # ... but not within 1x: gradient 0.1 / 0.22 -> 0.5, limit 0.8*12 + 0.2*(6 + sqrt 12).
+    assert strict._limit == pytest.approx(11.49282, abs=1e-5)
+
+
+def test_a_limit_of_one_stays_one_and_a_zero_latency_is_taken() -> None:
+    limiter = StartLimiter(1, ceiling=4)
+    limiter._observe(0.0)  # a start faster than the clock's resolution
+    limiter._observe(1.0)
+    assert limiter.limit == 1 and limiter.history == [1]
+
+
+def test_the_default_limit_and_ceiling_follow_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    assert default_start_limit() == 6
+    assert StartLimiter().ceiling == 24 and StartLimiter().limit == 6
+    monkeypatch.setattr(os, "cpu_count", lambda: None)  # unknown: taken as one core
+    assert default_start_limit() == 2 and StartLimiter().ceiling == 8
+
+
+def test_only_finished_starts_adapt_the_limit() -> None:
+    async def main() -> None:
+        limiter = StartLimiter(4)
+        await limiter.acquire()
+        limiter.release(None)  # a failed start says nothing about contention
+        assert limiter._shortest is None and limiter.in_flight == 0
+        await limiter.acquire()
+        limiter.release(0.25)
+        assert limiter._shortest == 0.25
+        fixed = StartLimiter(4, adaptive=False)
+        await fixed.acquire()
+        fixed.release(0.25)
+        assert fixed._shortest is None
+
+        with pytest.raises(OSError):
+            async with StartLimiter(4).slot() as slot:
+                raise OSError("start failed")
+        assert slot.limiter._shortest is None and slot.limiter.in_flight == 0
+        async with StartLimiter(4).slot() as slot:
+            await asyncio.sleep(0.01)
+        # the 10 ms the slot was held (generous upper bound: a loaded machine)
+        assert slot.limiter._shortest is not None and 0.005 <= slot.limiter._shortest < 5.0
+
+    asyncio.run(main())
+
+
+def test_a_waiter_granted_then_cancelled_hands_its_slot_to_the_next() -> None:
+    async def main() -> None:
+        limiter = StartLimiter(1, adaptive=False)
+        await limiter.acquire()
+        first = asyncio.create_task(limiter.acquire())
+        second = asyncio.create_task(limiter.acquire())
+        await asyncio.sleep(0.01)  # both queued
+        limiter.release(None)  # grants `first` ...
+        first.cancel()  # ... which is cancelled before it runs again
+        await asyncio.gather(first, return_exceptions=True)
+        await asyncio.wait_for(second, 5)  # the slot went on to `second`
+        assert limiter.in_flight == 1
+        limiter.release(None)
+        assert limiter.in_flight == 0
+
+    asyncio.run(main())

@@ -75,3 +75,56 @@ def test_cell_digits_are_significant_figures() -> None:
     assert s.cell("s", digits=2) == "1.2 (0.5–2)"
     assert s.cell("s", digits=4) == "1.25 (0.5–2)"
     assert s.cell("ms", digits=3) == "1250 (500–2000)"
+
+
+def test_cell_defaults_to_three_significant_figures() -> None:
+    assert Spread(n=3, p10=0.5, p50=1.2345, p90=2.0).cell("s") == "1.23 (0.5–2)"
+
+
+class _Ranked:
+    """A statistic whose resampled differences are known in advance: 0 for every resample of
+    `a` (all 0.0) and 0, 1, 2, ... for the successive samples of `b` (all 1.0). With 2,000
+    resamples the differences are exactly 1..2000, whatever the random draws."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.b_calls = 0
+
+    def __call__(self, xs: list[float]) -> float:
+        self.calls += 1
+        if xs[0] == 0.0:
+            return 0.0
+        self.b_calls += 1
+        return float(self.b_calls - 1)
+
+
+def test_bootstrap_interval_is_the_percentiles_of_2000_resampled_differences() -> None:
+    stat = _Ranked()
+    iv = bootstrap_diff([0.0], [1.0], stat)
+    # One point estimate (stat(b) = 0) and 2,000 resamples, each of a and of b.
+    assert stat.calls == 4002
+    assert iv.estimate == 0.0 and iv.level == 0.95
+    # Differences 1..2000; 95%: the 2.5th and 97.5th percentiles, type 7 (h = 1999 q / 100):
+    # h = 49.975 -> 50.975 and h = 1949.025 -> 1950.025.
+    assert iv.low == pytest.approx(50.975, abs=1e-9)
+    assert iv.high == pytest.approx(1950.025, abs=1e-9)
+    narrow = bootstrap_diff([0.0], [1.0], _Ranked(), resamples=100, level=0.5)
+    # Differences 1..100; 25th and 75th percentiles: h = 24.75 -> 25.75, h = 74.25 -> 75.25.
+    assert (narrow.low, narrow.high, narrow.level) == (25.75, 75.25, 0.5)
+
+
+def test_bootstrap_default_statistic_is_the_median_difference_b_minus_a() -> None:
+    iv = bootstrap_diff([1.0, 2.0, 3.0], [0.0, 10.0, 20.0], resamples=10)
+    assert iv.estimate == 8.0  # p50(b) - p50(a) = 10 - 2
+
+
+def test_bootstrap_refuses_either_empty_sample() -> None:
+    for a, b in (([], [1.0]), ([1.0], []), ([], [])):
+        with pytest.raises(ValueError, match="two non-empty samples"):
+            bootstrap_diff(a, b)
+
+
+def test_an_interval_is_95_percent_unless_it_says_otherwise() -> None:
+    from metrale.stats import Interval
+
+    assert Interval(estimate=1.0, low=0.0, high=2.0).level == 0.95

@@ -149,3 +149,33 @@ def test_streamed_calls_reuse_one_keep_alive_connection(sim) -> None:
 
     first, second = asyncio.run(go())
     assert first.completion_tokens == second.completion_tokens == 16
+
+
+def test_the_response_cap_follows_max_tokens_unless_set() -> None:
+    opts = ClientOptions()
+    assert opts.response_cap(10) == 16 * 1024 + 10 * 4 * 1024  # 57,344 bytes
+    assert opts.response_cap(0) == 16 * 1024
+    assert opts.response_cap(None) == 16 * 1024 * 1024
+    assert ClientOptions(max_response_bytes=2048).response_cap(10) == 2048
+    assert ClientOptions(max_response_bytes=0).response_cap(10) is None  # 0: no cap
+
+
+def test_url_normalization_keeps_paths_and_strips_space() -> None:
+    assert Target.normalize_url("  http://h:8000//  ") == "http://h:8000/v1"
+    assert Target.normalize_url("http://h/openai") == "http://h/openai"
+    assert Target.normalize_url("http://h/v") == "http://h/v"
+
+
+def test_backoff_caps_retry_after_and_doubles_from_the_base() -> None:
+    import random
+
+    client = ChatClient(Target(base_url="http://127.0.0.1:9/v1", model="m"),
+                        ClientOptions(backoff_base_s=1.0, backoff_max_s=5.0))  # fmt: skip
+
+    class Top(random.Random):
+        def uniform(self, a: float, b: float) -> float:
+            return b  # the top of the jitter range: the cap itself
+
+    client._rng = Top()
+    assert [client._backoff(n, None) for n in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 5.0]
+    assert client._backoff(3, 0.5) == 0.5 and client._backoff(3, 9.0) == 5.0

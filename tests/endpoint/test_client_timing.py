@@ -424,3 +424,109 @@ def test_error_messages_keep_a_bounded_prefix_of_the_body() -> None:
 def test_an_error_without_a_call_record_used_no_retries() -> None:
     assert EndpointError("timeout", "late").retries == 0
     assert Target(base_url="http://h/v1", model="m").embedded is False
+
+
+def test_a_server_that_breaks_http_is_a_protocol_failure_and_not_retried() -> None:
+    """A raw loopback server answering every request with a line that is not HTTP."""
+    requests: list[int] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        requests.append(1)
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"SSH-2.0-OpenSSH\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async def go() -> EndpointError:
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            target = Target(base_url=f"http://127.0.0.1:{port}/v1", model="m")
+            async with ChatClient(target, ClientOptions(retries=2)) as client:
+                with pytest.raises(EndpointError) as info:
+                    await client.chat(MESSAGES)
+            return info.value
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    err = asyncio.run(go())
+    assert err.kind == "bad_status_line" and err.retries == 0 and requests == [1]
+    assert str(err) == "not an HTTP status line: b'SSH-2.0-OpenSSH\\r\\n'"
+
+
+def test_every_2xx_is_an_answer_and_3xx_is_not() -> None:
+    body = {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}]}
+    for status in (200, 201, 299):
+        record = call(json_reply(body, status=status), ClientOptions(stream=False))
+        assert (record.status, record.content) == (status, "ok")
+    err = failure(json_reply(body, status=300), ClientOptions(stream=False, retries=2))
+    assert err.kind == "http_300" and err.retries == 0
+
+
+def test_what_follows_done_in_later_reads_is_drained_not_parsed() -> None:
+    record = call(sse(data({"content": "x"}, "stop"), DONE, 0.05, b"data: {not json\n\n"))
+    assert record.content == "x" and record.finish_reason == "stop"
+
+
+def test_a_slow_chunked_terminator_is_drained_so_the_connection_is_reused() -> None:
+    """The server sends [DONE], then ends the body 0.2 s later: within the drain's 1 s."""
+
+    async def go() -> tuple[int, int]:
+        handler = sse(data({"content": "x"}, "stop"), DONE, 0.2)
+        async with serve(handler) as url, ChatClient(Target(base_url=url, model="m")) as client:
+            await client.chat(MESSAGES)
+            assert client._pool is not None
+            first = list(client._pool._idle)
+            await client.chat(MESSAGES)
+            return len(first), len(client._pool._idle)
+
+    assert asyncio.run(go()) == (1, 1)
+
+
+def test_a_json_bodys_ttft_is_counted_from_the_send() -> None:
+    body = {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}]}
+    record = call(json_reply(body, delay_s=0.2), ClientOptions(stream=False))
+    assert record.ttft_s is not None and 0.2 <= record.ttft_s < 30.0
+
+
+def test_every_choice_of_an_event_is_read() -> None:
+    two = b'data: {"choices": [{"index": 0, "delta": {"role": "assistant"}}, ' \
+          b'{"index": 1, "delta": {"content": "x"}, "finish_reason": "stop"}]}\n\n'  # fmt: skip
+    record = call(sse(two, DONE))
+    assert (record.content, record.finish_reason, record.completion_tokens) == ("x", "stop", 1)
+
+
+def test_a_status_below_200_is_not_an_answer() -> None:
+    """A raw loopback server answering `199` (a 1xx as final status, as a broken proxy may)."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 199 Odd\r\nContent-Type: text/plain\r\nContent-Length: 4\r\n\r\nodd!"
+        )
+        await writer.drain()
+        writer.close()
+
+    async def go() -> EndpointError:
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            target = Target(base_url=f"http://127.0.0.1:{port}/v1", model="m")
+            async with ChatClient(target, ClientOptions(retries=0)) as client:
+                with pytest.raises(EndpointError) as info:
+                    await client.chat(MESSAGES)
+            return info.value
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    err = asyncio.run(go())
+    assert err.kind == "http_199" and str(err) == "HTTP 199: odd!"
+
+
+def test_chunk_times_are_recorded_only_when_asked() -> None:
+    handler = sse(data({"content": "a"}), data({"content": "b"}, "stop"), DONE)
+    assert call(handler).chunk_times_s is None
+    times = call(handler, record_chunks=True).chunk_times_s
+    assert times is not None and len(times) == 2

@@ -133,6 +133,9 @@ def test_the_metrics_their_directions_and_floors() -> None:
         ("total", "lower", 0.001), ("error_rate", "lower", 0.0), ("reward_mean", "higher", 0.0),
     ]  # fmt: skip
     assert DURATION_ABS_TOL_S == 0.001
+    # serve's metrics in milliseconds get the same 1 ms floor
+    tpot = Metric("tpot_ms", "ms", "lower", "time per output token", stat="p50")
+    assert abs_tol(tpot) == 1.0
     assert declared["ttft_s"].stat == "p50" and declared["accuracy"].better == "higher"
 
 
@@ -209,3 +212,50 @@ def test_the_default_tolerance_is_5_percent() -> None:
     assert verdicts(near)["generation"] == "same"
     far = compare_cells(a, make_cell(seed=1, rollouts=400, scale=1.07), resamples=300)
     assert verdicts(far)["generation"] == "worse"
+
+
+def test_a_whole_run_value_row_has_its_difference_and_no_verdict() -> None:
+    a, b = make_cell(seed=1), make_cell(seed=1)
+    a.e2e_s, b.e2e_s = 10.0, 12.5
+    [row] = compare_cells(a, b, names=("e2e_s",))
+    assert (row.a, row.b, row.diff, row.low, row.high, row.verdict) == (
+        10.0, 12.5, 2.5, None, None, "n/a"
+    )  # fmt: skip
+    b.e2e_s = None
+    [row] = compare_cells(a, b, names=("e2e_s",))
+    assert (row.a, row.b, row.diff, row.verdict) == (10.0, None, None, "n/a")
+
+
+def test_defaults_2000_resamples_and_5_percent_from_files_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from metrale.matrix import compare
+
+    real = compare.bootstrap_diff
+    used: list[int] = []
+
+    def spy(*args, resamples: int, **kw):  # type: ignore[no-untyped-def]
+        used.append(resamples)
+        return real(*args, resamples=min(resamples, 200), **kw)
+
+    monkeypatch.setattr(compare, "bootstrap_diff", spy)
+    base = make_cell(seed=1, rollouts=2000)
+    compare_cells(base, make_cell(seed=2), names=("generation",))
+    assert used == [2000]
+    write_cell(tmp_path / "a", base)
+    # B is A's every duration x 1.045: the interval excludes 0, the 4.5% is within 5%
+    write_cell(tmp_path / "b", make_cell(seed=1, rollouts=2000, scale=1.045))
+    [a] = list((tmp_path / "a").glob("*.json"))
+    [b] = list((tmp_path / "b").glob("*.json"))
+    near = compare_paths(a, b, names=("generation",))
+    assert used == [2000, 2000] and verdicts(near.rows) == {"generation": "same"}
+    [row] = near.rows
+    assert row.low is not None and row.low > 0
+
+
+def test_two_sweep_directories_of_one_cell_each_compare(tmp_path: Path) -> None:
+    write_cell(tmp_path / "a", make_cell("none-r64", seed=1))
+    write_cell(tmp_path / "b", make_cell("none-r64", seed=2))
+    result = compare_paths(tmp_path / "a", tmp_path / "b", resamples=50, names=("total",))
+    assert [(r.cell, r.metric) for r in result.rows] == [("none-r64", "total")]
+    assert result.unmatched == [] and "total" in {m.name for m in result.metrics}

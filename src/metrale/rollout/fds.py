@@ -25,7 +25,8 @@ def fd_concurrency_cap(sandboxed: bool) -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or hard > soft):
         # Not beyond 64 Ki: sandboxes inherit the limit, and some programs walk every fd.
-        want = max(soft, min(FD_RAISE_TO, hard))
+        # (RLIM_INFINITY is -1: min() with it would keep the soft limit where it is)
+        want = max(soft, FD_RAISE_TO if hard == resource.RLIM_INFINITY else min(FD_RAISE_TO, hard))
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
             soft = want

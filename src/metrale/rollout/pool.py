@@ -245,12 +245,13 @@ async def finish(awaitable: Awaitable[T]) -> T:
             result = await asyncio.shield(task)
             break
         except asyncio.CancelledError:
+            # Set first: a cancellation that lands as the work ends is raised too, not lost.
+            cancelled = True
             if task.done():
                 if task.cancelled():
                     raise
                 result = task.result()
                 break
-            cancelled = True
     if cancelled:
         raise asyncio.CancelledError
     return result
