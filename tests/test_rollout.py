@@ -475,6 +475,7 @@ def test_the_fd_cap_is_what_the_limit_leaves_after_a_reserve(
     assert fd_cap(monkeypatch, 1024, 1024, 36, sandboxed=True) == (92, [])
     # /proc/self/fd unreadable: 32 open assumed
     assert fd_cap(monkeypatch, 1024, 1024, None, sandboxed=False) == (464, [])
+    assert fd_cap(monkeypatch, 1025, 1025, None, sandboxed=False) == (464, [])  # 929 // 2
     # the soft limit is raised to the hard one, and not beyond 64 Ki
     assert fd_cap(monkeypatch, 1024, 4096, 36, sandboxed=True) == (399, [(4096, 4096)])
     inf = __import__("resource").RLIM_INFINITY

@@ -259,3 +259,26 @@ def test_two_sweep_directories_of_one_cell_each_compare(tmp_path: Path) -> None:
     result = compare_paths(tmp_path / "a", tmp_path / "b", resamples=50, names=("total",))
     assert [(r.cell, r.metric) for r in result.rows] == [("none-r64", "total")]
     assert result.unmatched == [] and "total" in {m.name for m in result.metrics}
+
+
+def test_a_ratio_with_no_denominator_on_one_side_is_na() -> None:
+    from metrale.matrix.compare import _row
+
+    rate = Metric("tok_s", "tok/s", "higher", "tokens per second", stat="ratio",
+                  value=lambda r: 1.0, per=lambda r: 1.0)  # fmt: skip
+    a, b = make_cell(seed=1), make_cell(seed=2)
+    a.samples["tok_s"] = [[5.0, 0.0], [3.0, 0.0]]  # no time measured: no rate
+    b.samples["tok_s"] = [[5.0, 1.0], [3.0, 1.0]]
+    row = _row("c", rate, a, b, 0.05, 50)
+    assert (row.a, row.b, row.diff, row.verdict) == (None, 4.0, None, "n/a")
+
+
+def test_compare_cells_defaults_to_5_percent() -> None:
+    base = make_cell(seed=1, rollouts=2000)
+    scaled = make_cell(seed=1, rollouts=2000, scale=1.045)  # every duration x 1.045
+    assert verdicts(compare_cells(base, scaled, names=("generation",), resamples=200)) == {
+        "generation": "same"
+    }
+    assert verdicts(
+        compare_cells(base, scaled, names=("generation",), resamples=200, rel_tol=0.04)
+    ) == {"generation": "worse"}
