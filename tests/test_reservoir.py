@@ -71,3 +71,25 @@ def test_a_summary_past_the_cap_says_which_samples_are_samples() -> None:
     assert "flag" not in summary.sampled and summary.samples["flag"] == {
         "values": [1.0], "counts": [200],
     }  # fmt: skip
+
+
+def test_the_default_cap_is_16384_values() -> None:
+    r = Reservoir("generation")
+    for i in range(16_385):
+        r.add(float(i))
+    assert len(r) == 16_384 and r.n == 16_385 and r.sampled
+    assert r.statistic("sum") == 16_384 * 16_385 / 2
+
+
+def test_each_percentile_reads_its_own_rank() -> None:
+    r = Reservoir("total")
+    for i in range(101):
+        r.add(float(100 - i))  # 100 down to 0: kept in arrival order, sorted to read
+    assert [r.statistic(s) for s in ("p50", "p90", "p99", "max", "mean")] == [
+        50.0, 90.0, 99.0, 100.0, 50.0,
+    ]  # fmt: skip
+    assert r.statistic("p75") is None  # not a statistic this declares
+    assert Reservoir("empty").statistic("mean") is None
+    ratio = Reservoir("rate", width=2)
+    ratio.add((3.0, 0.0))
+    assert ratio.statistic("ratio") is None  # no denominator yet

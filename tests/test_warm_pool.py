@@ -12,6 +12,7 @@ import pytest
 
 from metrale.rollout import Progress, RolloutContext, RolloutPlan, RolloutRecord, run_rollouts
 from metrale.rollout.summary import STAGE_METRICS, build_summary
+from metrale.rollout.warm import Warm, WarmPool
 
 
 @dataclass
@@ -101,7 +102,8 @@ def test_the_pools_start_is_reported_apart_and_setup_holds_only_the_wait() -> No
     records = asyncio.run(
         run_rollouts(pooled_plan(book, 4, 1, start_s=0.3, sleep_s=0.1, max_concurrent=1), progress)
     )
-    assert all(r.pool_start_s >= 0.3 for r in records)  # never shorter than the start itself
+    # never shorter than the start itself, and a duration, not a clock reading
+    assert all(0.3 <= r.pool_start_s < 30 for r in records)
     later = [r.stages["setup"].duration_s for r in records[1:]]
     # each stage sleeps 0.1 s, so setup is >= 0.1; a start on the path would add its 0.3 s
     assert max(later) < 0.1 + 0.2, later
@@ -160,3 +162,40 @@ def test_a_benchmark_that_fills_its_sandboxes_before_the_start_refuses_a_pool() 
         "before its start, so no sandbox can be started ahead of its rollout; accepted: "
         "--runtime-pool 0 (the default)"
     ]
+
+
+def test_a_pool_holds_at_least_one_sandbox() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        WarmPool(0, iter(range(3)), _never)
+
+
+async def _never(index: int) -> Warm:
+    raise AssertionError("no start expected")
+
+
+def test_close_cancels_starts_under_way_stops_the_unclaimed_and_starts_no_more() -> None:
+    book = Book()
+    outcomes = {0: "fail", 1: "hang"}  # then 2 and 3 start at once
+
+    async def start(index: int) -> Warm:
+        runtime = PooledRuntime(book, index, 0.0)
+        if outcomes.get(index) == "fail":
+            raise RuntimeError("start failed")
+        if outcomes.get(index) == "hang":
+            await asyncio.sleep(30)
+        await runtime.start()
+        return Warm(runtime, start_s=0.0, retries=0)
+
+    async def go() -> WarmPool:
+        pool = WarmPool(4, iter(range(10)), start)
+        pool.next()  # rollout 0's start (it fails); 1..4 are started ahead
+        await asyncio.sleep(0.05)  # 0 failed, 1 hangs, 2..4 ready
+        await asyncio.wait_for(pool.close(), 5)  # the hanging start is cancelled, not awaited
+        assert pool.next() is None  # a closed pool hands out nothing and starts nothing
+        return pool
+
+    asyncio.run(go())
+    ready = [rt for rt in book.made if rt.started]
+    assert sorted(rt.index for rt in ready) == [2, 3, 4]
+    assert [rt.stopped for rt in ready] == [1, 1, 1]  # past the failed one: every unclaimed
+    assert len(book.made) == 5

@@ -29,23 +29,32 @@ SAMPLE_CAP = 16_384
 class Reservoir:
     """The values of one metric (pairs, `width=2`, for a ratio) over the finished rollouts."""
 
-    __slots__ = ("_rng", "cap", "n", "name", "sums", "top", "values", "width")
+    __slots__ = ("_rng", "cap", "n", "name", "per", "top", "total", "values", "width")
 
     def __init__(self, name: str, *, width: int = 1, cap: int = SAMPLE_CAP) -> None:
         self.name, self.cap, self.width = name, cap, width
         self.values: array[float] = array("d")
         self.n = 0
-        self.sums = [0.0] * width
+        #: the sum of the values (a ratio's numerators), and of a ratio's denominators
+        self.total = 0.0
+        self.per = 0.0
+        #: the largest value (of a plain metric)
         self.top: float | None = None
         self._rng = random.Random(zlib.crc32(name.encode()))
 
     def add(self, x: float | tuple[float, float]) -> None:
-        xs = x if isinstance(x, tuple) else (x,)
         self.n += 1
-        for i, v in enumerate(xs):
-            self.sums[i] += v
-        if self.top is None or xs[0] > self.top:
-            self.top = xs[0]
+        xs: tuple[float, ...]
+        if isinstance(x, tuple):
+            value, per = x
+            self.total += value
+            self.per += per
+            xs = x
+        else:
+            self.total += x
+            if self.top is None or x > self.top:
+                self.top = x
+            xs = (x,)
         if self.n <= self.cap:
             self.values.extend(xs)
             return
@@ -70,13 +79,13 @@ class Reservoir:
         if not self.n:
             return None
         if stat == "mean":
-            return self.sums[0] / self.n
+            return self.total / self.n
         if stat == "sum":
-            return self.sums[0]
+            return self.total
         if stat == "max":
             return self.top
         if stat == "ratio":
-            return self.sums[0] / self.sums[1] if self.sums[1] else None
+            return self.total / self.per if self.per else None
         q = {"p50": 50.0, "p90": 90.0, "p99": 99.0}.get(stat)
         if q is None:
             return None

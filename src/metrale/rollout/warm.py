@@ -34,7 +34,7 @@ class Warm:
     #: seconds the pool's start took (its start-slot wait included)
     start_s: float
     #: failed start attempts the pool retried before this one
-    retries: int = 0
+    retries: int
 
 
 class WarmPool:
