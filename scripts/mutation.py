@@ -75,8 +75,13 @@ MODULES: dict[str, Module] = {
     # the benchmark base it drives, the records and the summary built from them.
     "pool": Module(
         "src/metrale/rollout/pool.py",
-        ("tests/test_rollout.py", "tests/test_start_limiter.py", "tests/test_driver.py",
-         "tests/test_warm_pool.py", "tests/test_reservoir.py"),  # fmt: skip
+        (
+            "tests/test_rollout.py",
+            "tests/test_start_limiter.py",
+            "tests/test_driver.py",
+            "tests/test_warm_pool.py",
+            "tests/test_reservoir.py",
+        ),
     ),
     # the warm pool (--runtime-pool) and the bounded samples the summary is built from
     "warm": Module("src/metrale/rollout/warm.py", ("tests/test_warm_pool.py",)),

@@ -426,6 +426,28 @@ def test_an_error_without_a_call_record_used_no_retries() -> None:
     assert Target(base_url="http://h/v1", model="m").embedded is False
 
 
+RawAnswer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+def raw_failure(answer: RawAnswer, retries: int) -> EndpointError:
+    """The error of one chat call against a raw loopback server that writes its own bytes."""
+
+    async def go() -> EndpointError:
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            target = Target(base_url=f"http://127.0.0.1:{port}/v1", model="m")
+            async with ChatClient(target, ClientOptions(retries=retries)) as client:
+                with pytest.raises(EndpointError) as info:
+                    await client.chat(MESSAGES)
+            return info.value
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    return asyncio.run(go())
+
+
 def test_a_server_that_breaks_http_is_a_protocol_failure_and_not_retried() -> None:
     """A raw loopback server answering every request with a line that is not HTTP."""
     requests: list[int] = []
@@ -437,20 +459,7 @@ def test_a_server_that_breaks_http_is_a_protocol_failure_and_not_retried() -> No
         await writer.drain()
         writer.close()
 
-    async def go() -> EndpointError:
-        server = await asyncio.start_server(answer, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        try:
-            target = Target(base_url=f"http://127.0.0.1:{port}/v1", model="m")
-            async with ChatClient(target, ClientOptions(retries=2)) as client:
-                with pytest.raises(EndpointError) as info:
-                    await client.chat(MESSAGES)
-            return info.value
-        finally:
-            server.close()
-            await server.wait_closed()
-
-    err = asyncio.run(go())
+    err = raw_failure(answer, retries=2)
     assert err.kind == "bad_status_line" and err.retries == 0 and requests == [1]
     assert str(err) == "not an HTTP status line: b'SSH-2.0-OpenSSH\\r\\n'"
 
@@ -508,20 +517,7 @@ def test_a_status_below_200_is_not_an_answer() -> None:
         await writer.drain()
         writer.close()
 
-    async def go() -> EndpointError:
-        server = await asyncio.start_server(answer, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        try:
-            target = Target(base_url=f"http://127.0.0.1:{port}/v1", model="m")
-            async with ChatClient(target, ClientOptions(retries=0)) as client:
-                with pytest.raises(EndpointError) as info:
-                    await client.chat(MESSAGES)
-            return info.value
-        finally:
-            server.close()
-            await server.wait_closed()
-
-    err = asyncio.run(go())
+    err = raw_failure(answer, retries=0)
     assert err.kind == "http_199" and str(err) == "HTTP 199: odd!"
 
 

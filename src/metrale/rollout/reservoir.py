@@ -20,7 +20,7 @@ import zlib
 from array import array
 from typing import Any
 
-from metrale.stats import percentile
+from metrale.plugin.metrics import compute
 
 #: Values kept per metric (8 bytes each; a ratio keeps this many pairs).
 SAMPLE_CAP = 16_384
@@ -86,10 +86,7 @@ class Reservoir:
             return self.top
         if stat == "ratio":
             return self.total / self.per if self.per else None
-        q = {"p50": 50.0, "p90": 90.0, "p99": 99.0}.get(stat)
-        if q is None:
-            return None
-        return percentile(sorted(self.values), q)
+        return compute(stat, self.values)  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         """The values kept (the sample's size, not `n`)."""
