@@ -99,6 +99,8 @@ def test_markers_priority_and_the_last_marker(text: str, expected: str) -> None:
         ("0.125", "0.125"),
         ("1e3", "1000"),
         ("-3", "-3"),
+        ("-0", "0"),  # a model's "-0" is the reference's 0
+        ("-0.00", "0"),
         ("Infinity", None),
         ("NaN", None),
         ("", None),

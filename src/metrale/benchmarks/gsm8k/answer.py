@@ -37,8 +37,6 @@ def normalize_number(text: str) -> str | None:
 
 def extract_answer(text: str) -> str | None:
     """The normalized final number of a model's answer, or None when it states no number."""
-    if not text:
-        return None
     for marker in _MARKERS:
         found = marker.findall(text)
         if found:
