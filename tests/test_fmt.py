@@ -16,6 +16,7 @@ from metrale.fmt import (
     number_text,
     sig,
     spread_column,
+    spread_unit,
 )
 from metrale.stats import Spread
 
@@ -69,6 +70,21 @@ def test_a_column_of_spreads_shares_one_unit() -> None:
     assert unit == "ms"
     assert texts == ["0.5 (0.4–0.6)", "25 (20–30)", "-"]
     assert in_unit(None, "ms") == "-"
+
+
+def test_a_long_tail_moves_the_column_up_a_unit() -> None:
+    """A pooled run's first rollouts wait for their sandbox: p50 899 µs, p90 290 ms reads
+    `0.899 (0.44–290)` ms, not `899 (440–290000)` µs."""
+    pooled = Spread(n=9, p10=0.00044, p50=0.000899, p90=0.29)
+    assert spread_unit([pooled]) == "ms"
+    assert spread_column([pooled]) == ("ms", ["0.899 (0.44–290)"])
+    assert pooled.cell() == "0.899 (0.44–290)"
+    # a tail that reads 9,990 stays; 10,000 moves; two steps when it must; never past s
+    assert spread_unit([Spread(n=3, p10=1e-6, p50=2e-6, p90=0.00999)]) == "µs"
+    assert spread_unit([Spread(n=3, p10=1e-6, p50=2e-6, p90=0.01)]) == "ms"
+    assert spread_unit([Spread(n=3, p10=1e-6, p50=2e-6, p90=30.0)]) == "s"
+    assert spread_unit([Spread(n=3, p10=0.5, p50=2.0, p90=50000.0)]) == "s"
+    assert spread_unit([Spread(n=0)]) == "µs"
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,10 @@ the live view and the HTML page, so the same value reads the same everywhere.
 - Three significant figures, never scientific notation, trailing zeros dropped
   (`6.3`, `0.000912`, `1230`).
 - A duration column is in one unit, chosen for the column: the unit (µs, ms or s) in which the
-  column's largest p50 is at least 1 (`duration_unit`). The unit goes in the column header
-  (`generation (ms)`), not in the cells.
+  column's largest p50 is at least 1 (`duration_unit`); for a column of spreads, one unit up
+  while its largest p90 would take five digits or more (`spread_unit`: `0.9 (0.44–290)` ms,
+  not `899 (440–290000)` µs). The unit goes in the column header (`generation (ms)`), not in
+  the cells.
 - A spread is `p50 (p10–p90)` (`6.3 (3.9–7.6)`), all three in the column's unit.
 - A lone duration outside a table carries its own unit (`5.32 µs`, `373 ms`, `1.5 s`).
 """
@@ -78,10 +80,22 @@ def spread_text(spread: SpreadLike, unit: str, digits: int = 3) -> str:
     )
 
 
-def spread_column(spreads: Iterable[SpreadLike], digits: int = 3) -> tuple[str, list[str]]:
-    """The unit of a column of spreads (by its largest p50) and each cell's text in it."""
+def spread_unit(spreads: Iterable[SpreadLike]) -> str:
+    """The unit of a column of spreads: by its largest p50 (`duration_unit`), then one unit up
+    while the largest p90 would read 10,000 or more in it (a tail 300x its median)."""
     items = list(spreads)
     unit = duration_unit(s.p50 for s in items)
+    top = max((s.p90 for s in items if s.p90 is not None and math.isfinite(s.p90)), default=0.0)
+    units = list(DURATION_UNITS)  # µs, ms, s
+    while unit != "s" and abs(top) * DURATION_UNITS[unit] >= 1e4:
+        unit = units[units.index(unit) + 1]
+    return unit
+
+
+def spread_column(spreads: Iterable[SpreadLike], digits: int = 3) -> tuple[str, list[str]]:
+    """The unit of a column of spreads (`spread_unit`) and each cell's text in it."""
+    items = list(spreads)
+    unit = spread_unit(items)
     return unit, [spread_text(s, unit, digits) for s in items]
 
 

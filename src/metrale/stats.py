@@ -58,12 +58,12 @@ class Spread(BaseModel):
         )
 
     def cell(self, unit: str | None = None, digits: int = 3) -> str:
-        """`p50 (p10–p90)` in `unit` (µs, ms or s; default: the one its p50 reads best in),
-        three significant figures; `-` when empty. The form of every stage column
-        (`metrale.fmt`)."""
-        from metrale.fmt import duration_unit, spread_text
+        """`p50 (p10–p90)` in `unit` (µs, ms or s; default: the one it reads best in,
+        `metrale.fmt.spread_unit`), three significant figures; `-` when empty. The form of
+        every stage column (`metrale.fmt`)."""
+        from metrale.fmt import spread_text, spread_unit
 
-        return spread_text(self, unit or duration_unit([self.p50]), digits)
+        return spread_text(self, unit or spread_unit([self]), digits)
 
 
 class Interval(BaseModel):
@@ -88,6 +88,8 @@ def bootstrap_diff(
 
     Each resample draws len(a) values from a and len(b) from b with replacement, independently;
     the interval is the (1-level)/2 and (1+level)/2 percentiles of the resampled differences.
+    ValueError when either sample is empty, or when `stat` has no value (None) on a sample or
+    on one of its resamples (a ratio whose resampled denominators are all 0).
     """
     if not a or not b:
         raise ValueError("bootstrap needs two non-empty samples")
@@ -109,5 +111,5 @@ def bootstrap_diff(
 
 def _num(x: float | None) -> float:
     if x is None:
-        raise ValueError("statistic of an empty sample")
+        raise ValueError("the statistic has no value on a sample or one of its resamples")
     return x

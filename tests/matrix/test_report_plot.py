@@ -183,3 +183,40 @@ def test_no_table_cell_prints_four_decimal_zeros() -> None:
     assert row[columns.index("setup (µs)")] == "2.9 (2.5–4.74)"
     assert row[columns.index("generation (ms)")] == "1 (0.928–1.08)"
     assert row[columns.index("scoring (s)")] == "71.9 (19.7–90.1)"
+
+
+def test_report_shows_the_sandbox_durations_a_cell_has_as_run_does() -> None:
+    """pool_start and setup_wait before setup, stop after scoring, when any cell has them (a
+    cell without them shows `-`); a column whose tail is 300x its median moves up a unit."""
+    stages = {
+        "setup": [0.00044, 0.0008, 0.000899, 0.001, 0.29],
+        "generation": [1.0, 2.0, 3.0, 4.0, 5.0],
+        "scoring": [0.01] * 5,
+        "total": [2.0, 3.0, 4.0, 5.0, 6.0],
+    }
+    pooled = CellResult(
+        cell="bwrap-pool", benchmark="gsm8k", runtime="bwrap", rollouts=5, records=5,
+        e2e_s=9.0, durations={**stages, "pool_start": [0.02] * 5, "setup_wait": [0.001] * 5,
+                              "stop": [0.04, 0.04, 0.05, 0.06, 0.06]},
+    )  # fmt: skip
+    plain = CellResult(
+        cell="none", benchmark="gsm8k", runtime="none", rollouts=5, records=5, e2e_s=8.0,
+        durations=stages,
+    )  # fmt: skip
+    columns, rows = report_table([pooled, plain])
+    assert columns == [
+        "cell", "conc", "e2e (s)", "err", "rew", "pool_start (ms)", "setup_wait (ms)",
+        "setup (ms)", "generation (s)", "scoring (ms)", "stop (ms)", "total (s)",
+    ]  # fmt: skip
+    assert rows[0][5:] == [
+        "20 (20–20)", "1 (1–1)", "0.899 (0.584–174)", "3 (1.4–4.6)", "10 (10–10)",
+        "50 (40–60)", "4 (2.4–5.6)",
+    ]  # fmt: skip
+    assert rows[1][5:7] == ["-", "-"] and rows[1][10] == "-"
+    exported = export_rows([pooled, plain])
+    assert exported[0]["pool_start_p50_s"] == 0.02 and exported[0]["stop_p90_s"] == 0.06
+    assert exported[1]["pool_start_p50_s"] is None
+    # without any sandboxed cell the table is the four stages only
+    assert report_table([plain])[0][5:] == [
+        "setup (ms)", "generation (s)", "scoring (ms)", "total (s)",
+    ]  # fmt: skip

@@ -218,7 +218,7 @@ async def run_cell(cell: Cell, request: runner.RunRequest) -> CellResult:
 
 def cell_line(cell: CellResult) -> str:
     """The line printed as each cell finishes; e2e is the summary's (the work phase)."""
-    from metrale.fmt import duration_text, duration_unit, number_text
+    from metrale.fmt import duration_text, number_text, spread_unit
 
     total = Spread.of(cell.stage("total"))
     text = (
@@ -226,7 +226,7 @@ def cell_line(cell: CellResult) -> str:
         f"rew {number_text(cell.reward_mean)}"
     )
     if total.n:
-        unit = duration_unit([total.p50])
+        unit = spread_unit([total])
         text += f"  total {total.cell(unit)} {unit}"
     if cell.status == "failed":
         text += f"  FAILED: {cell.error}"

@@ -2,7 +2,8 @@
 benchmark's declarations.
 
 The table (Markdown or plain): `cell  conc  e2e (s)  err  rew`, then for rollout benchmarks
-the stages `setup  generation  scoring  total` as `p50 (p10–p90)`, each column in the one unit
+the stages `setup  generation  scoring  total` as `p50 (p10–p90)` (with `pool_start`,
+`setup_wait` and `stop` when a cell has them, as in `run`'s table), each column in the one unit
 (µs, ms or s) that `metrale.fmt` chooses for it and names in its header, then every metric the
 benchmark declares as a column (`Metric.column`). `conc` is the cell's max_concurrent, `∞` when
 unbounded (`-` for a benchmark without the axis); `e2e` is the summary's `e2e_s` (the work
@@ -26,6 +27,7 @@ from metrale.errors import UsageError
 from metrale.fmt import duration_text, duration_unit, in_unit, number_text, spread_column
 from metrale.matrix.cellfile import CellResult
 from metrale.plugin import SUMMARY_STAGES, Metric, get_benchmark
+from metrale.rollout import shown_stages
 from metrale.stats import Spread
 from metrale.table import render
 
@@ -59,7 +61,7 @@ def report_rows(cells: Sequence[CellResult]) -> list[list[str]]:
 def report_table(cells: Sequence[CellResult]) -> tuple[list[str], list[list[str]]]:
     """Headers and text rows of the table, columns in the units `metrale.fmt` picks."""
     extra = column_metrics(cells)
-    stages = list(SUMMARY_STAGES) if has_stages(cells) or not extra else []
+    stages = shown_stages(*cells) if has_stages(cells) or not extra else []
     e2e_unit = duration_unit(c.e2e_s for c in cells)
     columns = ["cell", "conc", f"e2e ({e2e_unit})", "err", "rew"]
     body: list[list[str]] = [
@@ -96,7 +98,7 @@ def export_rows(cells: Sequence[CellResult]) -> list[dict[str, Any]]:
     names = list(dict.fromkeys(m.name for m in metrics))
     for c in cells:  # a benchmark not installed: whatever the files hold
         names += [k for k in c.metrics if k not in names and not metrics]
-    stages = list(SUMMARY_STAGES) if has_stages(cells) else []
+    stages = shown_stages(*cells) if has_stages(cells) else []
     rows = []
     for c in cells:
         row: dict[str, Any] = {

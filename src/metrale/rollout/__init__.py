@@ -29,7 +29,13 @@ from metrale.rollout.records import (
     StageTiming,
     Tokens,
 )
-from metrale.rollout.summary import ROLLOUT_METRICS, STAGE_METRICS, build_summary, summarize_records
+from metrale.rollout.summary import (
+    ROLLOUT_METRICS,
+    STAGE_METRICS,
+    build_summary,
+    shown_stages,
+    summarize_records,
+)
 
 __all__ = [
     "FDS_PER_ROLLOUT",
@@ -56,5 +62,6 @@ __all__ = [
     "fd_concurrency_cap",
     "finish",
     "run_rollouts",
+    "shown_stages",
     "summarize_records",
 ]

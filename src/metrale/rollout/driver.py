@@ -242,7 +242,7 @@ class RolloutBenchmark(BenchmarkBase):
     def table(self, summary: RunSummary, stages: dict[str, Spread]) -> Table:
         """The run's table: e2e, errors, reward, the stages, and each declared column, in the
         numbers of `metrale.fmt` (the same as `metrale report`'s)."""
-        from metrale.fmt import duration_unit, in_unit, number_text
+        from metrale.fmt import duration_unit, in_unit, number_text, spread_unit
 
         extra = [m for m in self.task_metrics() if m.column]
         e2e_unit = duration_unit([summary.e2e_s])
@@ -253,7 +253,7 @@ class RolloutBenchmark(BenchmarkBase):
             number_text(summary.reward_mean),
         ]
         for s in stages:
-            unit = duration_unit([stages[s].p50])
+            unit = spread_unit([stages[s]])
             columns.append(f"{s} ({unit})")
             cells.append(stages[s].cell(unit))
         columns += [f"{m.name} ({m.unit})" for m in extra]

@@ -61,18 +61,20 @@ STAGE_METRICS: tuple[Metric, ...] = (
 )
 
 
-def shown_stages(summary: RunSummary) -> list[str]:
-    """The duration columns a run's table shows: the stages, with `pool_start` and `setup_wait`
-    before setup and `stop` after scoring when the run has them (rollouts that started
-    sandboxes; a warm pool's)."""
+def shown_stages(*summaries: RunSummary) -> list[str]:
+    """The duration columns a run's table (or a sweep's, one summary per cell) shows: the
+    stages, with `pool_start` and `setup_wait` before setup and `stop` after scoring when any
+    of the summaries has them (rollouts that started sandboxes; a warm pool's)."""
+
+    def present(name: str) -> bool:
+        return any(s.stage(name) for s in summaries)
+
     shown = []
     for name in SUMMARY_STAGES:
-        if name == "setup" and summary.stage("pool_start"):
-            shown.append("pool_start")
-        if name == "setup" and summary.stage("setup_wait"):
-            shown.append("setup_wait")
+        if name == "setup":
+            shown += [extra for extra in ("pool_start", "setup_wait") if present(extra)]
         shown.append(name)
-        if name == "scoring" and summary.stage("stop"):
+        if name == "scoring" and present("stop"):
             shown.append("stop")
     return shown
 
