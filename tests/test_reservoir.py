@@ -25,6 +25,11 @@ def test_past_the_cap_totals_stay_exact_and_only_cap_values_are_kept() -> None:
     assert r.statistic("mean") == 0.5
     assert r.statistic("sum") == 5000.0
     assert r.statistic("max") == 1.0
+    peak = Reservoir("scoring", cap=8)
+    for i in range(1000):
+        peak.add(1000.0 if i == 3 else float(i % 10))  # one peak, early, among 1,000
+    assert 1000.0 not in peak.values  # the sample lost it; the maximum is exact all the same
+    assert peak.statistic("max") == 1000.0
     ratio = Reservoir("tokens_per_s", width=2, cap=10)
     for i in range(1, 1001):
         ratio.add((float(i), 2.0))

@@ -1,3 +1,5 @@
+from collections.abc import Sequence
+
 import pytest
 
 from metrale.stats import Spread, bootstrap_diff, percentile
@@ -122,6 +124,20 @@ def test_bootstrap_refuses_either_empty_sample() -> None:
     for a, b in (([], [1.0]), ([1.0], []), ([], [])):
         with pytest.raises(ValueError, match="two non-empty samples"):
             bootstrap_diff(a, b)
+
+
+def test_bootstrap_refuses_a_statistic_without_a_value() -> None:
+    """None from the statistic (a ratio with no denominator) is an error, on the samples
+    themselves or on any one resample, never a difference computed from None."""
+    with pytest.raises(ValueError, match="no value on a sample"):
+        bootstrap_diff([1.0, 2.0], [3.0, 4.0], lambda xs: None)
+
+    def spread(xs: Sequence[float]) -> float | None:
+        return None if len(set(xs)) == 1 else max(xs) - min(xs)
+
+    assert spread([1.0, 2.0]) == 1.0  # both samples have a value; a resample [1, 1] has none
+    with pytest.raises(ValueError, match="no value on a sample or one of its resamples"):
+        bootstrap_diff([1.0, 2.0], [3.0, 5.0], spread, resamples=50)
 
 
 def test_an_interval_is_95_percent_unless_it_says_otherwise() -> None:

@@ -282,3 +282,58 @@ def test_compare_cells_defaults_to_5_percent() -> None:
     assert verdicts(
         compare_cells(base, scaled, names=("generation",), resamples=200, rel_tol=0.04)
     ) == {"generation": "worse"}
+
+
+COUNT = Metric("turns", "turns", None, "", stat="mean", value=lambda r: None)
+
+
+@pytest.mark.parametrize(
+    ("estimate", "low", "high", "expected"),
+    [(0.5, 0.4, 0.6, "changed"), (-0.5, -0.6, -0.4, "changed"), (0.5, -0.1, 0.6, "same"),
+     (0.04, 0.01, 0.06, "same")],
+)  # fmt: skip
+def test_a_metric_without_a_direction_is_changed_never_better_or_worse(
+    estimate: float, low: float, high: float, expected: str
+) -> None:
+    """More turns is neither better nor worse: outside the tolerance it is `changed`."""
+    assert row_verdict(estimate, low, high, 1.0, COUNT, 0.05) == expected
+
+
+def test_cells_of_two_benchmarks_do_not_compare() -> None:
+    a, b = make_cell("none-r64"), make_cell("none-r64")
+    b.benchmark = "serve"
+    with pytest.raises(UsageError, match="a gsm8k cell and a serve cell do not compare"):
+        compare_cells(a, b)
+
+
+def test_a_declared_whole_run_value_is_read_from_the_cells_metrics() -> None:
+    from metrale.matrix.compare import _row
+
+    rate = Metric("req_per_s", "req/s", "higher", "", stat="value")
+    a, b = make_cell(seed=1), make_cell(seed=2)
+    a.metrics["req_per_s"], b.metrics["req_per_s"] = 40.0, 50.0
+    row = _row("c", rate, a, b, 0.05, 50)
+    assert (row.a, row.b, row.diff, row.low, row.verdict) == (40.0, 50.0, 10.0, None, "n/a")
+
+
+def test_two_sweeps_without_a_common_cell_are_a_usage_error(tmp_path: Path) -> None:
+    write_cell(tmp_path / "a", make_cell("none-r64"))
+    write_cell(tmp_path / "b", make_cell("none-r32", rollouts=32))
+    with pytest.raises(UsageError, match="have no cell name in common"):
+        compare_paths(tmp_path / "a", tmp_path / "b", resamples=20)
+
+
+def test_a_ratio_whose_resamples_can_lack_a_denominator_has_no_interval() -> None:
+    """Both sides have a rate, but a resample may draw only rollouts that measured no time:
+    the row keeps both rates and their difference, with no interval and no verdict."""
+    from metrale.matrix.compare import _row
+
+    rate = Metric("tok_s", "tok/s", "higher", "tokens per second", stat="ratio",
+                  value=lambda r: 1.0, per=lambda r: 1.0)  # fmt: skip
+    a, b = make_cell(seed=1), make_cell(seed=2)
+    a.samples["tok_s"] = [[4.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
+    b.samples["tok_s"] = [[6.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
+    row = _row("c", rate, a, b, 0.05, 200)
+    assert (row.a, row.b, row.diff, row.low, row.high, row.verdict) == (
+        4.0, 6.0, 2.0, None, None, "n/a"
+    )  # fmt: skip

@@ -115,7 +115,10 @@ def _row(
     sa, sb = m.compute(xa), m.compute(xb)
     if not xa or not xb or sa is None or sb is None:
         return Row(label, m.name, sa, sb, None, None, None, "n/a")
-    iv = bootstrap_diff(xa, xb, m.compute, resamples=resamples)  # type: ignore[arg-type]
+    try:
+        iv = bootstrap_diff(xa, xb, m.compute, resamples=resamples)  # type: ignore[arg-type]
+    except ValueError:  # a resample without a value (a ratio's denominators all 0): no interval
+        return Row(label, m.name, sa, sb, sb - sa, None, None, "n/a")
     v = verdict(iv.estimate, iv.low, iv.high, sa, m, rel_tol)
     return Row(label, m.name, sa, sb, iv.estimate, iv.low, iv.high, v)
 
