@@ -120,7 +120,6 @@ class _Slot:
         self.limiter = limiter
         self.waited_s = 0.0
         self._held_since = 0.0
-        self.ok = False
 
     async def __aenter__(self) -> _Slot:
         self.waited_s = await self.limiter.acquire()
