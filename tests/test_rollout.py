@@ -690,3 +690,34 @@ def test_a_long_teardown_error_is_cut_at_500_characters() -> None:
     p.make_task = lambda i: LongTeardown(ledger, i)
     [record] = run(p)
     assert record.error is not None and record.error.message == "z" * 500
+
+
+def test_progress_adds_up_retries_and_runtime_retries_over_the_records() -> None:
+    """Both retry counts come from the records, one rollout at a time: a failed call's
+    retries (set once, on the record) and the sandbox starts retried."""
+    ledger = Ledger()
+    progress = Progress()
+    run(plan(ledger, count=2, fail="generation", exc=Boom("HTTP 500", "http_500", 3),
+             fail_starts=1, runtime_retries=1), progress)  # fmt: skip
+    assert [r.retries for r in progress.records] == [3, 3]
+    assert sum(r.runtime_retries for r in progress.records) == 1  # the first start failed
+    assert (progress.retries, progress.runtime_retries) == (6, 1)
+
+
+def test_a_task_that_cannot_be_made_is_the_rollouts_setup_error() -> None:
+    """`make_task` raising fails that rollout (no runtime was started, none is stopped); the
+    other rollouts run."""
+    ledger = Ledger()
+
+    def make(i: int) -> Task:
+        if i == 1:
+            raise ValueError("no such task file")
+        return Task(ledger, i)
+
+    p = plan(ledger, count=3)
+    p.make_task = make
+    records = run(p)
+    assert [r.error.type if r.error else None for r in records] == [None, "ValueError", None]
+    failed = records[1].error
+    assert failed is not None and (failed.stage, failed.message) == ("setup", "no such task file")
+    assert (ledger.starts, ledger.stops) == (2, 2)

@@ -164,6 +164,29 @@ def test_a_benchmark_that_fills_its_sandboxes_before_the_start_refuses_a_pool() 
     ]
 
 
+class PreparingTask(UsingTask):
+    """A task that must write into its sandbox's directory before the sandbox starts."""
+
+    async def before_runtime(self, ctx: RolloutContext) -> None:
+        raise AssertionError("before_runtime ran although the sandbox was started already")
+
+
+def test_the_driver_itself_refuses_a_pooled_sandbox_to_a_task_that_prepares_one() -> None:
+    """Past the CLI's refusal, the driver fails each such rollout instead of running
+    `before_runtime` on a sandbox already started; every pooled sandbox is still stopped."""
+    book = Book()
+    plan = pooled_plan(book, 3, 2)
+    plan.make_task = lambda i: PreparingTask(i, 0.0)
+    records = asyncio.run(run_rollouts(plan))
+    assert [(r.error.type, r.error.stage) if r.error else None for r in records] == [
+        ("RuntimeError", "setup")
+    ] * 3
+    assert records[0].error is not None
+    assert records[0].error.message == "a task with before_runtime cannot take a pooled sandbox"
+    assert [rt.used_by for rt in book.made] == [[], [], []]
+    assert all(rt.stopped == rt.started for rt in book.made)
+
+
 def test_a_pool_holds_at_least_one_sandbox() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         WarmPool(0, iter(range(3)), _never)
