@@ -190,6 +190,38 @@ def test_rollouts_run_in_the_runtime_the_run_names(tmp_path: Path) -> None:
     assert list(result.stages) == ["setup_wait", "setup", "generation", "scoring", "stop", "total"]
 
 
+def test_a_run_says_its_phase_as_it_enters_it(tmp_path: Path) -> None:
+    statuses: list[str] = []
+    bench = Toy()
+    bench.configure({})
+    result, _ = drive(bench, tmp_path, on_status=statuses.append)
+    assert result.status == Status.COMPLETED
+    assert statuses[:2] == ["load", "rollouts"]
+
+
+def test_a_runtime_this_machine_cannot_give_fails_the_load_before_any_rollout(
+    tmp_path: Path,
+) -> None:
+    bench = Toy()
+    bench.configure({})
+    no_cli = runtime_config("docker", cli="metrale-no-such-docker")
+    with pytest.raises(UsageError, match="'metrale-no-such-docker' is not on PATH"):
+        drive(bench, tmp_path, runtime=no_cli)
+    assert bench.seen == [] and not (tmp_path / "rollouts.jsonl").read_text()
+
+
+def test_a_benchmark_without_a_warm_pool_refuses_one() -> None:
+    class Preparing(Toy):
+        warm_pool = False
+
+    pooled = runtime_config("subprocess", pool=2)
+    assert Toy().runtime_choice(pooled) is pooled
+    with pytest.raises(UsageError) as info:
+        Preparing().runtime_choice(pooled)
+    assert str(info.value).startswith("--runtime-pool: toy prepares each sandbox's files")
+    assert Preparing().runtime_choice(runtime_config("subprocess")) is not None
+
+
 def test_parameters_and_axes() -> None:
     bench = Toy()
     rollouts, concurrent, level = bench.parameters()

@@ -68,7 +68,8 @@ def test_a_summary_past_the_cap_says_which_samples_are_samples() -> None:
         record = RolloutRecord(id=str(i), benchmark="fake", index=i, started_at=0.0, reward=1.0,
                                total_s=float(i))  # fmt: skip
         progress.add(record)
-    summary = build_summary(progress, metrics, e2e_s=1.0)
+    summary = build_summary(progress, metrics, e2e_s=12.5)
+    assert summary.e2e_s == 12.5 and summary.metrics["e2e_s"] == 12.5  # the run's, not a sample
     assert summary.sampled["total"] == 200
     assert len(summary.durations["total"]) == small_cap
     assert summary.metrics["flag"] == 1.0 and summary.reward_mean == 1.0
