@@ -219,7 +219,9 @@ class BaselineFailed(Exception):
     """The module's tests fail on the unmutated copy: every mutant would count as killed."""
 
 
-def _baseline(module: Module, work: Path, env: dict[str, str], timeout_s: float | None) -> float:
+def _baseline(
+    module: Module, work: Path, env: dict[str, str], timeout_s: float | None, nice: int = 19
+) -> float:
     """Run the tests once, unmutated; returns the per-mutant timeout.
 
     A mutant that makes the tests hang (a loop that never ends) is killed by the timeout; a
@@ -228,7 +230,7 @@ def _baseline(module: Module, work: Path, env: dict[str, str], timeout_s: float 
     """
     started = time.monotonic()
     argv = shlex.split(_test_command(module, timeout_s or 600))
-    done = subprocess.run(["nice", "-n", "19", *argv], cwd=work, env=env, capture_output=True,
+    done = subprocess.run(["nice", "-n", str(nice), *argv], cwd=work, env=env, capture_output=True,
                           text=True)  # fmt: skip
     took = time.monotonic() - started
     if done.returncode != 0:
