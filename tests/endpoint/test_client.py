@@ -1,6 +1,7 @@
 """The measuring client against a real `metrale sim` process."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -145,10 +146,29 @@ def test_streamed_calls_reuse_one_keep_alive_connection(sim) -> None:
             conn = client._pool._idle[0]
             second = await client.chat(MESSAGES)
             assert client._pool._idle == [conn]
-            return first, second
+        # leaving the client closes what it kept open
+        assert client._pool is None and conn.writer.is_closing() and not conn.reusable
+        return first, second
 
     first, second = asyncio.run(go())
     assert first.completion_tokens == second.completion_tokens == 16
+
+
+def test_a_call_record_starts_at_the_wall_clock_of_its_first_attempt(sim) -> None:
+    before = time.time()
+    call = chat(sim.url)
+    assert before <= call.started_at <= time.time()
+
+
+def test_a_client_outside_async_with_refuses_to_call() -> None:
+    client = ChatClient(Target(base_url="http://127.0.0.1:9/v1", model="m"))
+
+    async def go() -> None:
+        await client.__aexit__(None, None, None)  # leaving a client never entered is harmless
+        with pytest.raises(RuntimeError, match="outside 'async with'"):
+            await client.chat(MESSAGES)
+
+    asyncio.run(go())
 
 
 def test_the_response_cap_follows_max_tokens_unless_set() -> None:
