@@ -227,3 +227,21 @@ def test_a_waiter_granted_then_cancelled_hands_its_slot_to_the_next() -> None:
         assert limiter.in_flight == 0
 
     asyncio.run(main())
+
+
+def test_cancelled_waiters_leave_the_queue_at_once() -> None:
+    """A cancelled run's queued starts do not stay queued until the next release (which may
+    never come): the queue holds only live waiters."""
+
+    async def main() -> None:
+        limiter = StartLimiter(1, adaptive=False)
+        await limiter.acquire()
+        waiting = [asyncio.create_task(limiter.acquire()) for _ in range(100)]
+        await asyncio.sleep(0.01)
+        assert len(limiter._waiters) == 100
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        assert len(limiter._waiters) == 0 and limiter.in_flight == 1
+
+    asyncio.run(main())
