@@ -215,6 +215,7 @@ def test_close_cancels_starts_under_way_stops_the_unclaimed_and_starts_no_more()
         await asyncio.sleep(0.05)  # 0 failed, 1 hangs, 2..4 ready
         await asyncio.wait_for(pool.close(), 5)  # the hanging start is cancelled, not awaited
         assert pool.next() is None  # a closed pool hands out nothing and starts nothing
+        await pool.close()  # closing again stops nothing twice
         return pool
 
     asyncio.run(go())
