@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,6 +134,9 @@ def test_a_run_reports_its_numbers_table_and_failures(tmp_path: Path) -> None:
         "steps (steps)"
     )
     assert result.table.rows[0][1:3] == [1, "0.667"] and result.table.rows[0][-1] == "4"
+    row = result.table.rows[0]
+    assert len(row) == len(result.table.columns) == 8
+    assert all(re.fullmatch(r"[0-9.]+ \([0-9.]+–[0-9.]+\)", str(c)) for c in row[3:7]), row
     assert result.summary.startswith("4 rollouts, 1 errors, reward 0.667, e2e ")
     assert [(log.level, log.message) for log in result.logs] == [
         ("warn", "failed rollouts: boom x1")
@@ -255,6 +259,35 @@ def test_the_runtime_a_benchmark_accepts() -> None:
     with pytest.raises(UsageError) as info:
         Sandboxed().runtime_choice(sub)
     assert str(info.value) == "toy cannot run in the subprocess runtime; accepted: bwrap, docker"
+
+    class Unexplained(Toy):  # says no reason at all: the message has none
+        runtimes = ("bwrap",)
+
+    with pytest.raises(UsageError) as info:
+        Unexplained().runtime_choice(sub)
+    assert str(info.value) == "toy cannot run in the subprocess runtime; accepted: bwrap"
+
+
+def test_a_benchmark_declaring_no_metric_of_its_own_has_the_rollout_ones() -> None:
+    class Bare(RolloutBenchmark):
+        descriptor = Descriptor(id="bare", name="Bare", summary="declares nothing")
+
+    names = [m.name for m in Bare().metrics()]
+    assert names[:4] == ["setup", "generation", "scoring", "total"] and names[-1] == "e2e_s"
+    assert Bare().task_metrics() == []
+
+
+def test_load_runs_the_benchmarks_own_preparation_once(tmp_path: Path) -> None:
+    class Preparing(Toy):
+        prepared = 0
+
+        async def prepare(self, handle: PluginHandle) -> None:
+            type(self).prepared += 1
+
+    bench = Preparing()
+    bench.configure({})
+    result, _ = drive(bench, tmp_path)
+    assert result.status == Status.COMPLETED and Preparing.prepared == 1
 
 
 @pytest.mark.parametrize(
