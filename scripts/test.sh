@@ -25,7 +25,11 @@ export PATH="$PATH:$HOME/.cargo/bin"
 command -v cargo >/dev/null || echo "warning: no cargo: the agentic_webserver tests will skip" >&2
 
 # The container engine for the docker runtime's tests (podman + runc, the base image built from
-# Debian's packages: ~3 min the first time, seconds once built).
+# Debian's packages: ~3 min the first time, seconds once built). An engine this script started
+# is stopped again when it ends (the image stays); one that was up before is left up.
+if ! bash scripts/container-engine.sh status >/dev/null 2>&1; then
+    trap 'bash scripts/container-engine.sh down >/dev/null 2>&1 || true' EXIT
+fi
 eval "$(bash scripts/container-engine.sh up)"
 
 [ -x .venv/bin/python ] || python3 -m venv .venv

@@ -12,11 +12,15 @@ had_randomly=1
 "$python" -m pip show -q pytest-randomly >/dev/null 2>&1 || had_randomly=0
 "$python" -m pip install -q pytest-randomly
 hogs=()
+had_engine=1
+bash scripts/container-engine.sh status >/dev/null 2>&1 || had_engine=0
 finish() {
   for pid in "${hogs[@]}"; do kill "$pid" 2>/dev/null; done
   wait 2>/dev/null
   # the venv's other runs keep their fixed order
   [ "$had_randomly" = 1 ] || "$python" -m pip uninstall -y -q pytest-randomly
+  # an engine started here is stopped again (the image stays)
+  [ "$had_engine" = 1 ] || bash scripts/container-engine.sh down >/dev/null 2>&1 || true
 }
 trap finish EXIT
 for _ in $(seq "$(nproc)"); do yes >/dev/null & hogs+=($!); done
