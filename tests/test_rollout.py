@@ -721,3 +721,39 @@ def test_a_task_that_cannot_be_made_is_the_rollouts_setup_error() -> None:
     failed = records[1].error
     assert failed is not None and (failed.stage, failed.message) == ("setup", "no such task file")
     assert (ledger.starts, ledger.stops) == (2, 2)
+
+
+class SlowStopRuntime(FakeRuntime):
+    """A runtime whose stop() takes a while and says when it began."""
+
+    async def stop(self) -> None:
+        self.ledger.events.append("stopping")
+        await asyncio.sleep(0.3)
+        await super().stop()
+
+
+def test_a_cancellation_during_a_stop_ends_the_run_after_that_stop() -> None:
+    """The stop under way runs to its end, then the cancellation goes on: the worker takes
+    no next rollout (a cancel swallowed there would let the run carry on as if nothing
+    happened)."""
+    ledger = Ledger()
+    p = plan(ledger, count=5, max_concurrent=1)
+    p.make_runtime = lambda _index: SlowStopRuntime(ledger)
+
+    async def go() -> None:
+        task = asyncio.create_task(run_rollouts(p))
+        for _ in range(500):  # bounded: until the first rollout's stop has begun
+            if "stopping" in ledger.events:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+    assert (ledger.starts, ledger.stops) == (1, 1)
+
+
+def test_the_live_p50_of_a_stage_never_seen_is_none() -> None:
+    assert Progress().running_p50("no_such_stage") is None
+    assert Progress().running_p50("generation") is None

@@ -187,6 +187,22 @@ def test_the_driver_itself_refuses_a_pooled_sandbox_to_a_task_that_prepares_one(
     assert all(rt.stopped == rt.started for rt in book.made)
 
 
+def test_a_pooled_start_retried_hands_its_retries_to_its_rollout() -> None:
+    book = Book()
+    failed: set[int] = set()
+
+    def make(i: int) -> PooledRuntime:
+        fail = i == 1 and i not in failed  # rollout 1's first start fails, its retry works
+        failed.add(i)
+        return PooledRuntime(book, i, 0.0, fail=fail)
+
+    plan = pooled_plan(book, 3, 2, runtime_retries=1)
+    plan.make_runtime = make
+    records = asyncio.run(run_rollouts(plan))
+    assert [r.error for r in records] == [None, None, None]
+    assert [r.runtime_retries for r in records] == [0, 1, 0]
+
+
 def test_a_pool_holds_at_least_one_sandbox() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         WarmPool(0, iter(range(3)), _never)
