@@ -132,6 +132,8 @@ def test_spread_tokens_prefers_per_chunk_usage_then_an_even_spread() -> None:
     assert spread_tokens(4, 8, []) == [2, 2, 2, 2]
     assert spread_tokens(2, None, []) == [1, 1]
     assert spread_tokens(0, 5, []) == []
+    # per-chunk usage on reasoning chunks only: no content chunk to spread tokens over
+    assert spread_tokens(0, 5, [5]) == []
 
 
 def test_chunk_gaps_are_consecutive_differences() -> None:
