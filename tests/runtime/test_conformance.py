@@ -191,6 +191,31 @@ def test_background_processes_are_gone_after_stop(
     inside(make, body)
 
 
+def _host_dirs() -> set[str]:
+    """The host directories runtimes make for their sandboxes (workdirs, bwrap's /etc copy)."""
+    tmp = Path(tempfile.gettempdir())
+    return {p.name for prefix in ("metrale-sbx-", "metrale-bwrap-") for p in tmp.glob(f"{prefix}*")}
+
+
+def test_a_stopped_sandbox_leaves_no_directory_on_the_host(make: Callable[..., Runtime]) -> None:
+    """What a sandbox made on the host goes with its stop; only this process's own /etc copy
+    (bwrap's, one per process, removed at its exit) outlives it. A Ray actor's process is
+    killed after the stop, so nothing of it may wait for an exit."""
+    before = _host_dirs()
+
+    async def body(rt: Runtime) -> None:
+        assert (await rt.run("echo hi > here.txt && cat here.txt")).stdout == "hi\n"
+
+    inside(make, body)
+    own = f"metrale-bwrap-{os.getpid()}-etc-"
+    deadline = time.monotonic() + 10  # bounded: a killed actor's files would never go
+    while (left := sorted(d for d in _host_dirs() - before if not d.startswith(own))) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.1)
+    assert left == []
+
+
 # ------------------------------------------------------------------ isolation and limits
 
 
