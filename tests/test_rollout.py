@@ -757,3 +757,62 @@ def test_a_cancellation_during_a_stop_ends_the_run_after_that_stop() -> None:
 def test_the_live_p50_of_a_stage_never_seen_is_none() -> None:
     assert Progress().running_p50("no_such_stage") is None
     assert Progress().running_p50("generation") is None
+
+
+class TearingTask(Task):
+    """A task whose teardown takes a while, says when it began and what error it saw."""
+
+    async def teardown(self, ctx: RolloutContext) -> None:
+        self.ledger.events.append("tearing")
+        error = ctx.record.error
+        self.ledger.events.append(f"saw {error.type}/{error.stage}" if error else "saw none")
+        await asyncio.sleep(0.3)
+
+
+def _cancel_when(ledger: Ledger, p: RolloutPlan, event: str) -> None:
+    async def go() -> None:
+        task = asyncio.create_task(run_rollouts(p))
+        for _ in range(500):  # bounded: until `event` happened
+            if event in ledger.events:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+
+
+def test_a_cancellation_during_a_teardown_ends_the_run_after_that_teardown() -> None:
+    ledger = Ledger()
+    p = plan(ledger, count=4, max_concurrent=1)
+    p.make_task = lambda i: TearingTask(ledger, i)
+    _cancel_when(ledger, p, "tearing")
+    assert ledger.events.count("tearing") == 1 and (ledger.starts, ledger.stops) == (1, 1)
+
+
+def test_a_cancelled_rollouts_teardown_sees_it_cancelled_in_its_stage() -> None:
+    ledger = Ledger()
+    p = plan(ledger, count=2, max_concurrent=1)
+    p.make_task = lambda i: TearingTask(ledger, i, sleep_s=30)
+    _cancel_when(ledger, p, "0:setup")  # each stage sleeps 30 s: cancelled in setup
+    assert "saw cancelled/setup" in ledger.events and ledger.stops == 1
+
+
+def test_before_runtime_runs_first_without_a_sandbox_then_setup_has_one() -> None:
+    ledger = Ledger()
+
+    class Preparing(Task):
+        async def before_runtime(self, ctx: RolloutContext) -> None:
+            ledger.events.append(
+                f"before: runtime {ctx.runtime is not None}, starts {ledger.starts}"
+            )
+
+        async def setup(self, ctx: RolloutContext) -> None:
+            ledger.events.append(f"setup: runtime {ctx.runtime is not None}")
+
+    p = plan(ledger, count=1)
+    p.make_task = lambda i: Preparing(ledger, i)
+    [record] = run(p)
+    assert record.error is None
+    assert ledger.events[:2] == ["before: runtime False, starts 0", "setup: runtime True"]
