@@ -100,6 +100,8 @@ def test_malformed_stream_is_not_retried(sim_factory) -> None:
         chat(s.url, ClientOptions(retries=3))
     assert info.value.kind == "malformed_stream"
     assert info.value.retries == 0
+    # the stream broke after a 200: the call record keeps the status it was answered with
+    assert info.value.call is not None and info.value.call.status == 200
 
 
 def test_timeout_is_recorded_not_retried(sim_factory) -> None:
