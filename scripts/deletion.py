@@ -35,7 +35,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mutation import MODULES, BaselineFailed, Module, _baseline, _copy_tree, _test_command
+from mutation import (
+    MODULES,
+    BaselineFailed,
+    Module,
+    _baseline,
+    _copy_tree,
+    _scope_lines,
+    _test_command,
+)
 
 _KEPT_OUT = (
     ast.Pass,
@@ -85,14 +93,7 @@ def deletions(source: str, module: Module) -> list[Deletion]:
     """Every statement worth deleting, outermost first, in source order."""
     tree = ast.parse(source)
     lines = source.splitlines()
-    scope = None
-    if module.scope:
-        scope = [
-            (n.lineno, n.end_lineno or n.lineno)
-            for n in tree.body
-            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-            and n.name in module.scope
-        ]
+    scope = _scope_lines(tree, module.scope) if module.scope else None
     found: list[Deletion] = []
 
     def visit(body: list[ast.stmt]) -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -147,3 +148,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         ran = session.testscollected
         cache.set("metrale/skips", {"collected": ran, "exitstatus": int(exitstatus),
                                     "skips": list(_SKIPS)})  # fmt: skip
+
+
+async def cancel_when(run: Awaitable[object], until: Callable[[], bool], polls: int = 500) -> None:
+    """Run `run` as a task, cancel it once `until()` holds (polled every 10 ms, `polls` times at
+    most: the loop ends by itself), and expect it to end cancelled."""
+    task = asyncio.ensure_future(run)
+    for _ in range(polls):
+        if until():
+            break
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

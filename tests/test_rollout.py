@@ -27,6 +27,7 @@ from metrale.rollout import (
     summarize_records,
 )
 from metrale.stats import Spread
+from tests.conftest import cancel_when
 
 
 @dataclass
@@ -144,17 +145,10 @@ def test_a_non_exception_failure_still_stops_the_runtime() -> None:
 def test_a_cancelled_run_stops_every_runtime_it_started() -> None:
     ledger = Ledger()
 
-    async def go() -> None:
-        task = asyncio.create_task(run_rollouts(plan(ledger, count=4, sleep_s=30)))
-        for _ in range(200):  # bounded: until all four rollouts are inside their setup
-            if ledger.starts == 4 and len(ledger.events) == 4:
-                break
-            await asyncio.sleep(0.01)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    def all_in_setup() -> bool:
+        return ledger.starts == 4 and len(ledger.events) == 4
 
-    asyncio.run(go())
+    asyncio.run(cancel_when(run_rollouts(plan(ledger, count=4, sleep_s=30)), all_in_setup, 200))
     assert ledger.starts == 4 and ledger.stops == 4
 
 
@@ -739,18 +733,7 @@ def test_a_cancellation_during_a_stop_ends_the_run_after_that_stop() -> None:
     ledger = Ledger()
     p = plan(ledger, count=5, max_concurrent=1)
     p.make_runtime = lambda _index: SlowStopRuntime(ledger)
-
-    async def go() -> None:
-        task = asyncio.create_task(run_rollouts(p))
-        for _ in range(500):  # bounded: until the first rollout's stop has begun
-            if "stopping" in ledger.events:
-                break
-            await asyncio.sleep(0.01)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    asyncio.run(go())
+    asyncio.run(cancel_when(run_rollouts(p), lambda: "stopping" in ledger.events))
     assert (ledger.starts, ledger.stops) == (1, 1)
 
 
@@ -769,25 +752,11 @@ class TearingTask(Task):
         await asyncio.sleep(0.3)
 
 
-def _cancel_when(ledger: Ledger, p: RolloutPlan, event: str) -> None:
-    async def go() -> None:
-        task = asyncio.create_task(run_rollouts(p))
-        for _ in range(500):  # bounded: until `event` happened
-            if event in ledger.events:
-                break
-            await asyncio.sleep(0.01)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    asyncio.run(go())
-
-
 def test_a_cancellation_during_a_teardown_ends_the_run_after_that_teardown() -> None:
     ledger = Ledger()
     p = plan(ledger, count=4, max_concurrent=1)
     p.make_task = lambda i: TearingTask(ledger, i)
-    _cancel_when(ledger, p, "tearing")
+    asyncio.run(cancel_when(run_rollouts(p), lambda: "tearing" in ledger.events))
     assert ledger.events.count("tearing") == 1 and (ledger.starts, ledger.stops) == (1, 1)
 
 
@@ -795,7 +764,8 @@ def test_a_cancelled_rollouts_teardown_sees_it_cancelled_in_its_stage() -> None:
     ledger = Ledger()
     p = plan(ledger, count=2, max_concurrent=1)
     p.make_task = lambda i: TearingTask(ledger, i, sleep_s=30)
-    _cancel_when(ledger, p, "0:setup")  # each stage sleeps 30 s: cancelled in setup
+    # each stage sleeps 30 s: cancelled in setup
+    asyncio.run(cancel_when(run_rollouts(p), lambda: "0:setup" in ledger.events))
     assert "saw cancelled/setup" in ledger.events and ledger.stops == 1
 
 

@@ -13,6 +13,7 @@ import pytest
 from metrale.rollout import Progress, RolloutContext, RolloutPlan, RolloutRecord, run_rollouts
 from metrale.rollout.summary import STAGE_METRICS, build_summary
 from metrale.rollout.warm import Warm, WarmPool
+from tests.conftest import cancel_when
 
 
 @dataclass
@@ -125,20 +126,13 @@ def test_a_failed_pooled_start_fails_only_its_rollout_and_is_stopped() -> None:
 def test_a_cancelled_run_stops_the_pools_sandboxes_started_or_starting() -> None:
     book = Book()
 
-    async def go() -> None:
-        # two rollouts in flight, three more sandboxes starting or ready in the pool
-        task = asyncio.create_task(
-            run_rollouts(pooled_plan(book, 50, 3, start_s=0.05, sleep_s=30, max_concurrent=2))
-        )
-        for _ in range(300):  # bounded: until the pool has begun its five starts
-            if len(book.made) == 5 and all(rt.started for rt in book.made[:2]):
-                break
-            await asyncio.sleep(0.01)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    # two rollouts in flight, three more sandboxes starting or ready in the pool
+    run = run_rollouts(pooled_plan(book, 50, 3, start_s=0.05, sleep_s=30, max_concurrent=2))
 
-    asyncio.run(go())
+    def five_starts_begun() -> bool:
+        return len(book.made) == 5 and all(rt.started for rt in book.made[:2])
+
+    asyncio.run(cancel_when(run, five_starts_begun, 300))
     assert len(book.made) == 5
     started = [rt for rt in book.made if rt.started]
     assert started and all(rt.stopped == 1 for rt in book.made)

@@ -5,7 +5,7 @@ the live view and the HTML page, so the same value reads the same everywhere.
   (`6.3`, `0.000912`, `1230`).
 - A duration column is in one unit, chosen for the column: the unit (µs, ms or s) in which the
   column's largest p50 is at least 1 (`duration_unit`); for a column of spreads, one unit up
-  while its largest p90 would take five digits or more (`spread_unit`: `0.9 (0.44–290)` ms,
+  while its largest p90 would take five digits or more (`spread_unit`: `0.899 (0.44–290)` ms,
   not `899 (440–290000)` µs). The unit goes in the column header (`generation (ms)`), not in
   the cells.
 - A spread is `p50 (p10–p90)` (`6.3 (3.9–7.6)`), all three in the column's unit.
