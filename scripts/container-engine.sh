@@ -178,8 +178,10 @@ start_service() {
     stop_service quiet
     rm -f "$SOCK"
     say "starting the Docker-API socket unix://$SOCK"
-    # setsid + nohup: the service outlives this script and the shell that eval'd it
-    setsid nohup podman system service --time=0 "unix://$SOCK" >>"$LOG" 2>&1 </dev/null &
+    # setsid + nohup: the service outlives this script and the shell that eval'd it. Started in
+    # $DIR: conmon inherits the service's working directory and writes files there (an `oom`
+    # marker when a container's memory limit kills a process), never in the caller's tree.
+    setsid nohup env -C "$DIR" podman system service --time=0 "unix://$SOCK" >>"$LOG" 2>&1 </dev/null &
     echo $! >"$PIDFILE"
     local i
     for i in $(seq 1 100); do
