@@ -11,6 +11,9 @@ The convention (docs/architecture.md's "Commands in the docs" section says it fo
 - A command must exit 0, or the code its trailing `# exit N` comment names.
 - Where output is shown, its shape must match: its words (column names, labels, verdicts;
   not numbers or units) appear in the real output in the same order. A `...` line elides.
+- Only `metrale` and a few file commands (`printf`, `echo`, `cat`, `ls`, `rm`) run unmarked,
+  and nothing that touches the shared container engine; any other command fails this test
+  until its block is marked.
 - A block that cannot run here is preceded by a marker comment: `<!-- doc: run-by
   tests/PATH.py[::test_name] ... -->` (run by that test, which must exist) or
   `<!-- doc: ci-lacks WHAT -->` (needs what CI lacks; the reason is required).
@@ -38,6 +41,12 @@ FENCE = re.compile(r"^```(\w*)\s*$")
 EXIT = re.compile(r"\s+#\s*exit\s+(\d+)\b.*$")
 #: words of output that are units: the unit of a column follows the numbers in it
 UNITS = {"ms", "us"}
+#: what an unmarked block may run: metrale and a few file commands. Anything else (scripts that
+#: install packages or take hours, the shared container engine) must be marked, so that this
+#: test never starts it by surprise.
+ALLOWED = {"metrale", "printf", "echo", "cat", "ls", "rm"}
+ENGINE_WORDS = ("docker", "podman", "container-engine", "terminal_bench", "terminal-bench",
+                "metrale cleanup")  # fmt: skip
 
 
 @dataclass
@@ -118,6 +127,15 @@ def bash_commands(body: list[str], offset: int) -> list[Command]:
     return commands
 
 
+def needs_marker(text: str) -> str | None:
+    """Why a command may not run unmarked, or None when it may."""
+    first = shlex.split(text, comments=True)[0] if text.strip() else ""
+    if first not in ALLOWED:
+        return f"it runs {first!r}, not metrale"
+    hit = next((w for w in ENGINE_WORDS if w in text), None)
+    return f"it uses the shared container engine ({hit})" if hit else None
+
+
 def words(text: str) -> list[str]:
     return [w for w in re.findall(r"[A-Za-z_][A-Za-z_]+", text) if w not in UNITS]
 
@@ -171,6 +189,11 @@ class Page:
 
     def run(self, command: Command) -> None:
         text = command.text
+        why = needs_marker(text)
+        assert why is None, (
+            f"{self.where(command)}\n{why}: mark its block `<!-- doc: run-by tests/....py -->` "
+            "or `<!-- doc: ci-lacks WHAT -->` (see this module's docstring)"
+        )
         if text.startswith("metrale sim ") and text.rstrip().endswith("&"):
             self.start_sim(command)
             return
@@ -255,5 +278,9 @@ def test_the_parser_sees_commands_output_and_markers(tmp_path: Path) -> None:
     assert console.commands[1].shown == ["a b", "..."] and console.marker is None
     assert bash.marker == ("ci-lacks", "an engine")
     assert [c.text for c in bash.commands] == ["metrale cleanup"]
+    assert needs_marker("metrale run gsm8k --rollouts 4") is None
+    assert needs_marker("bash scripts/test.sh") == "it runs 'bash', not metrale"
+    assert needs_marker("metrale exec --runtime docker -- id")
+    assert needs_marker("metrale cleanup --all")
     assert is_subsequence(["cell", "setup"], ["cell", "conc", "setup", "total"])
     assert not is_subsequence(["setup", "cell"], ["cell", "conc", "setup", "total"])
