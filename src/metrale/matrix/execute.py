@@ -58,8 +58,8 @@ def plan_sweep(sweep: Sweep) -> SweepPlan:
             raise UsageError(
                 f"{sweep.benchmark} cannot sweep {name!r}; its sweep axes: {', '.join(axes)}"
             )
-    for axis, values in (("rollouts", sweep.rollouts), ("max_concurrent", sweep.max_concurrent)):
-        if values != [None] and axis not in axes:
+    for axis, counts in (("rollouts", sweep.rollouts), ("max_concurrent", sweep.max_concurrent)):
+        if counts != [None] and axis not in axes:
             flag = "--" + axis.replace("_", "-")
             raise UsageError(
                 f"{sweep.benchmark} has no {axis} axis, so {flag} does not apply; "

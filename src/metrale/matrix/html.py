@@ -195,7 +195,7 @@ def _curves(cell: CellResult, run_dir: Path | None) -> list[dict[str, Any]]:
     if run_dir is None:
         return []
     try:
-        bench = get_benchmark(cell.benchmark)
+        bench: object = get_benchmark(cell.benchmark)  # a class; staticmethods meet CurvesRuns
     except UsageError:
         return []
     if not isinstance(bench, CurvesRuns):

@@ -30,7 +30,7 @@ class ParamSpec(BaseModel):
     nullable: bool = False
 
     def describe_type(self) -> str:
-        text = self.type
+        text: str = self.type
         if self.choices:
             text += " in {" + ", ".join(str(c) for c in self.choices) + "}"
         elif self.min is not None or self.max is not None:

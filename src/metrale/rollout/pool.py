@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import resource
 import time
-from collections.abc import Awaitable, Callable, Container, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -66,7 +66,7 @@ class RolloutPlan:
     runtime_retries: int = 0
     on_record: Callable[[RolloutRecord], None] = lambda record: None
     run_id: str = "run"
-    skip: Container[int] = frozenset()
+    skip: Collection[int] = frozenset()
     #: called once with a line to show the user (a concurrency cap, for example)
     on_warning: Callable[[str], None] = lambda message: None
     #: handed to every rollout's context

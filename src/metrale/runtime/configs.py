@@ -51,7 +51,7 @@ class SubprocessConfig(RuntimeConfig):
     """Commands on the host in a fresh temp workdir: the cheapest runtime, and no isolation
     beyond a scrubbed environment, limits and process-group cleanup."""
 
-    type: Literal["subprocess"] = "subprocess"  # type: ignore[assignment]
+    type: Literal["subprocess"] = "subprocess"
     #: RLIMIT_NPROC counts all of the host user's processes here, so it is off by default.
     limits: Limits = Field(default_factory=lambda: Limits(max_procs=None))
     env: dict[str, str] = Field(default_factory=dict)
@@ -75,7 +75,7 @@ class BwrapConfig(RuntimeConfig):
     be made, else per process (RLIMIT_AS); `limits.max_procs` its process count (pids cgroup,
     else RLIMIT_NPROC)."""
 
-    type: Literal["bwrap"] = "bwrap"  # type: ignore[assignment]
+    type: Literal["bwrap"] = "bwrap"
     limits: Limits = Field(default_factory=Limits)
     binds: list[Bind] = Field(default_factory=list)
     network: bool = False
@@ -129,7 +129,7 @@ class DockerConfig(RuntimeConfig):
     `--init`. The default image is the one scripts/container-engine.sh builds from Debian's
     packages (no registry needed); images are never pulled during a run."""
 
-    type: Literal["docker"] = "docker"  # type: ignore[assignment]
+    type: Literal["docker"] = "docker"
     image: str = DEFAULT_IMAGE
     cli: str = "docker"
     network: str = Field(default="none", description="none (default), bridge, host, ...")
@@ -166,7 +166,7 @@ InnerConfig = Annotated[SubprocessConfig | BwrapConfig, Field(discriminator="typ
 class RayConfig(RuntimeConfig):
     """Each sandbox (`inner`) lives in a Ray actor on some cluster node."""
 
-    type: Literal["ray"] = "ray"  # type: ignore[assignment]
+    type: Literal["ray"] = "ray"
     address: str = "auto"
     inner: InnerConfig = Field(default_factory=SubprocessConfig)
     actor_cpus: float = Field(default=0.01, description="CPU the actor reserves when placed")

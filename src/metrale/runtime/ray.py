@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import importlib
 import os
 import secrets
 import shutil
@@ -117,10 +118,9 @@ def _reload_ray_auth() -> None:
     """Ray reads its auth settings once, at import: make this process see the new ones (what
     Ray itself does when it turns token auth on). A Ray without token auth has neither."""
     with contextlib.suppress(ImportError, AttributeError):
-        from ray._raylet import AuthenticationTokenLoader, Config
-
-        Config.initialize("")
-        AuthenticationTokenLoader.instance().reset_cache()
+        raylet: Any = importlib.import_module("ray._raylet")  # private: it moves between Rays
+        raylet.Config.initialize("")
+        raylet.AuthenticationTokenLoader.instance().reset_cache()
 
 
 def _stop_private_cluster(temp: str, saved: dict[str, str | None]) -> None:
@@ -156,7 +156,9 @@ class RayRuntime(RuntimeBase):
         options: dict[str, Any] = {"num_cpus": self.config.actor_cpus}
         if self.config.spread:
             options["scheduling_strategy"] = "SPREAD"
-        self.actor = SandboxActor.options(**options).remote(self.config.inner.model_dump())
+        # `@ray.remote` adds `.options` at run time; Ray's annotations keep the bare class
+        actor_class: Any = SandboxActor
+        self.actor = actor_class.options(**options).remote(self.config.inner.model_dump())
         try:
             self.node_id = await self.actor.start.remote()
         except Exception as exc:
@@ -180,7 +182,8 @@ class RayRuntime(RuntimeBase):
         return ProgramResult.model_validate(raw)
 
     async def read(self, path: str) -> bytes:
-        return await self._require().read.remote(path)
+        data: bytes = await self._require().read.remote(path)
+        return data
 
     async def write(self, path: str, data: bytes | str) -> None:
         payload = data.encode() if isinstance(data, str) else data

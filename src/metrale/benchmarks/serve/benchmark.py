@@ -343,7 +343,7 @@ class ServeBenchmark(BenchmarkBase):
             errors=sum(1 for r in records if not r.ok),
             e2e_s=elapsed,
             metrics=metrics,
-            samples=samples(records, self.slos),
+            samples=dict(samples(records, self.slos)),  # typed as the field is (dict is invariant)
         )
 
     def _final_logs(self, levels: list[LevelSummary]) -> None:

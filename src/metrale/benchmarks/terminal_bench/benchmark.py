@@ -96,7 +96,8 @@ class TerminalBenchBenchmark(RolloutBenchmark):
         self.task_run = once.task_run(self.values, max_tokens=self.values["max_tokens"])
 
     def needs_model(self) -> bool:
-        return self.values.get("agent", "model") == "model"
+        agent: str = self.values.get("agent", "model")
+        return agent == "model"
 
     def task_metrics(self) -> list[Metric]:
         return list(METRICS)

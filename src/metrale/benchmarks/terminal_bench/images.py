@@ -32,6 +32,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from metrale.benchmarks.terminal_bench.task import HarborTask
 from metrale.errors import UsageError
@@ -107,7 +108,9 @@ def image_tag(task: HarborTask, digest: str) -> str:
     return f"metrale-task/{name}:{digest[:16]}"
 
 
-async def _cli(cli: str, *args: str, stdin: bytes | None = None, timeout: float = CLI_TIMEOUT_S):
+async def _cli(
+    cli: str, *args: str, stdin: bytes | None = None, timeout: float = CLI_TIMEOUT_S
+) -> tuple[int, bytes, str]:
     try:
         return await run_bytes([cli, *args], stdin=stdin, timeout=timeout)
     except TimeoutError:
@@ -116,7 +119,7 @@ async def _cli(cli: str, *args: str, stdin: bytes | None = None, timeout: float 
         return 127, b"", f"cannot run {cli!r}: {exc}"
 
 
-async def inspect(cli: str, image: str) -> dict | None:
+async def inspect(cli: str, image: str) -> dict[str, Any] | None:
     """The engine's record of `image`, or None when it is not there."""
     code, out, _ = await _cli(cli, "image", "inspect", image)
     if code != 0:
