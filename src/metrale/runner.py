@@ -243,6 +243,7 @@ async def _run_in(
     except MetraleError as exc:  # e.g. a record that could not be written: say it as it is
         final = BenchmarkResult(status=Status.FAILED, error=str(exc))
     except Exception as exc:  # a benchmark bug or a lost target: keep what finished, say why
+        logger.debug("the run failed", exc_info=exc)  # -vv: where it came from
         final = BenchmarkResult(status=Status.FAILED, error=f"{type(exc).__name__}: {exc}")
     finally:
         try:

@@ -11,6 +11,7 @@ whatever happened, so the run directory has it before the next one finishes.
 from __future__ import annotations
 
 import asyncio
+import logging
 import resource
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -34,6 +35,8 @@ from metrale.rollout.reservoir import Reservoir
 from metrale.rollout.warm import Warm, WarmPool
 from metrale.runtime.base import Runtime
 from metrale.stats import percentile
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from metrale.endpoint.client import ChatClient
@@ -301,6 +304,7 @@ async def _run_one(
         record.error = ErrorInfo(type="cancelled", message="run cancelled", stage=stage)
         raise
     except Exception as exc:
+        logger.debug("rollout %d failed in %s", record.index, stage, exc_info=exc)
         record.error = ErrorInfo(
             type=getattr(exc, "kind", None) or type(exc).__name__,
             message=str(exc)[:500] or type(exc).__name__,
@@ -320,6 +324,8 @@ async def _run_one(
             except Exception as exc:  # a failed teardown is the rollout's fault, not the run's
                 if record.error is None:
                     record.error = ErrorInfo(type="runtime_stop", message=str(exc)[:500])
+                else:  # the record keeps its first error: say this one here
+                    logger.warning("rollout %d: runtime stop failed: %r", record.index, exc)
             finally:
                 record.stop_s = (record.stop_s or 0.0) + time.perf_counter() - stopping
         after = getattr(task, "teardown", None)
@@ -331,6 +337,8 @@ async def _run_one(
             except Exception as exc:
                 if record.error is None:
                     record.error = ErrorInfo(type="teardown", message=str(exc)[:500])
+                else:
+                    logger.warning("rollout %d: teardown failed: %r", record.index, exc)
         timings = record.stages.values()
         if timings:
             record.total_s = max(t.end_s for t in timings) - min(t.start_s for t in timings)

@@ -10,6 +10,7 @@ in `CONFIGS`. Nothing else names a runtime.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -22,6 +23,8 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from metrale.errors import UsageError
 from metrale.runtime.base import LIMIT_KEYS, Runtime, RuntimeConfig, unknown_options
 from metrale.runtime.procs import Limits, RateLimiter
+
+logger = logging.getLogger(__name__)
 
 #: Flat option names `runtime_config` accepts besides the config fields: limits, and binds.
 _LIMIT_KEYS = LIMIT_KEYS
@@ -295,6 +298,7 @@ def _resolve_ray_auto() -> str:
         found = canonicalize_bootstrap_address("auto")
     except Exception as exc:  # ConnectionError when none; ray's private API may also move
         if not isinstance(exc, ConnectionError):
+            logger.debug("cannot look for a running ray cluster here (%r): ray.init decides", exc)
             return "auto"  # cannot tell here: let ray.init decide
         found = None
     if not found:

@@ -13,6 +13,7 @@ import asyncio
 import atexit
 import contextlib
 import importlib
+import logging
 import os
 import secrets
 import shutil
@@ -24,6 +25,8 @@ import ray
 
 from metrale.runtime.base import ProgramResult, RuntimeBase, RuntimeStartError, Throttle
 from metrale.runtime.configs import RayConfig
+
+logger = logging.getLogger(__name__)
 
 NAMESPACE = "metrale"
 
@@ -124,8 +127,10 @@ def _reload_ray_auth() -> None:
 
 
 def _stop_private_cluster(temp: str, saved: dict[str, str | None]) -> None:
-    with contextlib.suppress(Exception):
+    try:
         ray.shutdown()
+    except Exception as exc:  # the cluster is going anyway: its processes and temp dir below
+        logger.warning("ray.shutdown() of the private cluster failed: %r", exc)
     for name, value in saved.items():
         if value is None:
             os.environ.pop(name, None)
@@ -197,8 +202,10 @@ class RayRuntime(RuntimeBase):
             return
         try:
             # the actor may be dead already; killing it below still holds
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.wait_for(self.actor.stop.remote(), 60)
+            except Exception as exc:  # its inner sandbox may be left on that node
+                logger.warning("ray actor on node %s: stop failed: %r", self.node_id, exc)
         finally:
             ray.kill(self.actor, no_restart=True)
             self.actor = None

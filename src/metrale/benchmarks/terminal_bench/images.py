@@ -23,6 +23,7 @@ import fcntl
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -39,6 +40,8 @@ from metrale.errors import UsageError
 from metrale.runtime.configs import DEFAULT_IMAGE
 from metrale.runtime.docker import is_podman, run_bytes
 from metrale.runtime.procs import killpg
+
+logger = logging.getLogger(__name__)
 
 #: Base images that need no mapping: metrale's engine builds this one offline.
 BUILTIN_BASES = {"debian:bookworm": DEFAULT_IMAGE, "debian:12": DEFAULT_IMAGE}
@@ -328,8 +331,12 @@ async def _export(tag: str, cli: str, target: Path) -> None:
     finally:
         shutil.rmtree(partial, ignore_errors=True)
         rm = ["rm", "-f", *(["-t", "0"] if is_podman(cli) else []), container]
-        with contextlib.suppress(Exception):
-            await _cli(cli, *rm)
+        try:
+            code, _, err = await _cli(cli, *rm)
+        except Exception as exc:  # must not hide why the export itself ended
+            code, err = -1, repr(exc)
+        if code != 0:  # labelled metrale.sandbox=1: 'metrale cleanup' removes it
+            logger.warning("container %s (an export of %s) not removed: %s", container, tag, err)
 
 
 async def finish_wait(proc: asyncio.subprocess.Process) -> None:
