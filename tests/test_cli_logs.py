@@ -6,7 +6,14 @@ dist-info directory on the child's `PYTHONPATH`.
 """
 
 import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -81,3 +88,69 @@ def test_v_goes_before_the_command_and_keeps_the_benchmark_flags(sim, tmp_path) 
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def screen(raw: str) -> list[str]:
+    """What a terminal shows after `raw`: just enough of one to follow rich's live view
+    (carriage return, newline, erase line, cursor up); colours and the like are dropped."""
+    lines, row, col = [""], 0, 0
+    for token in re.findall(r"\x1b\[[0-9;?]*[A-Za-z]|\r|\n|[^\x1b\r\n]+", raw):
+        if token == "\r":
+            col = 0
+        elif token == "\n":
+            row += 1
+            lines += [""] * (row + 1 - len(lines))
+        elif token == "\x1b[2K":
+            lines[row] = ""
+        elif re.fullmatch(r"\x1b\[\d*A", token):
+            row = max(0, row - int(token[2:-1] or 1))
+        elif not token.startswith("\x1b"):
+            line = lines[row].ljust(col)
+            lines[row] = line[:col] + token + line[col + len(token) :]
+            col += len(token)
+    return lines
+
+
+def run_on_a_terminal(argv: list[str], env: dict[str, str], timeout: float = 120) -> str:
+    """`metrale ARGV` with stdout and stderr on a pseudo-terminal (the live view draws there);
+    everything it wrote, as the terminal received it."""
+    master, replica = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "metrale", *argv], stdin=subprocess.DEVNULL, stdout=replica,
+        stderr=replica, env={**env, "TERM": "xterm", "COLUMNS": "200"}, start_new_session=True,
+    )  # fmt: skip
+    os.close(replica)
+    out = bytearray()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if not select.select([master], [], [], 0.5)[0]:
+                continue
+            try:
+                chunk = os.read(master, 1 << 16)
+            except OSError:  # EIO: the child closed its end
+                break
+            if not chunk:
+                break
+            out += chunk
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        os.close(master)
+    return out.decode(errors="replace")
+
+
+def test_on_a_terminal_the_live_view_does_not_erase_a_log_line(sim, tmp_path, plugin_env):
+    """The live view redraws itself over its last lines: a log line written under it was
+    erased by the next redraw. It is printed above the view instead."""
+    raw = run_on_a_terminal(
+        ["-v", "run", "cleanup_fails", "--target", sim.url, "--rollouts", "3",
+         "--out", str(tmp_path / "run")],
+        plugin_env,
+    )  # fmt: skip
+    assert "\x1b[" in raw  # the rich view drew: this is the case under test
+    shown = screen(raw)
+    said = "metrale: warning: benchmark cleanup failed: RuntimeError: the sandbox would not go"
+    assert said in shown, "\n".join(shown)

@@ -40,6 +40,19 @@ class _Formatter(logging.Formatter):
         return super().formatException(ei) if self.tracebacks else ""
 
 
+class _Stderr(logging.Handler):
+    """Writes to whatever `sys.stderr` is when a line is logged: the live view redirects it
+    while it draws on that terminal, so a line lands above the progress bar instead of being
+    erased by its next redraw."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:
+            self.handleError(record)
+
+
 def configure(verbosity: int) -> None:
     """Route the `metrale` loggers to stderr at the level `verbosity` (the count of `-v`)
     asks for. Calling it again replaces the handler (tests run `main` many times)."""
@@ -47,7 +60,7 @@ def configure(verbosity: int) -> None:
     logger = logging.getLogger("metrale")
     for old in [h for h in logger.handlers if h.get_name() == _HANDLER_NAME]:
         logger.removeHandler(old)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Stderr()
     handler.set_name(_HANDLER_NAME)
     handler.setFormatter(_Formatter(tracebacks=level <= logging.DEBUG))
     logger.addHandler(handler)
