@@ -45,8 +45,8 @@ def plugin_env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
 
 
-def run_failing_cleanup(sim, tmp_path: Path, env: dict[str, str], *flags: str):
-    args = [*flags, "run", "cleanup_fails", "--target", sim.url, "--rollouts", "3"]
+def run_failing_cleanup(sim, tmp_path: Path, env: dict[str, str], *flags: str, after=()):
+    args = [*flags, "run", "cleanup_fails", "--target", sim.url, "--rollouts", "3", *after]
     return run_cli([*args, "--out", str(tmp_path / "run")], timeout=120, env=env)
 
 
@@ -55,8 +55,12 @@ def log_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith(levels)]
 
 
-def test_v_shows_a_cleanup_failure_and_the_run_goes_on(sim, tmp_path, plugin_env) -> None:
-    proc = run_failing_cleanup(sim, tmp_path, plugin_env, "-v")
+@pytest.mark.parametrize("where", ["before the command", "after it"])
+def test_v_shows_a_cleanup_failure_and_the_run_goes_on(sim, tmp_path, plugin_env, where) -> None:
+    if where == "before the command":
+        proc = run_failing_cleanup(sim, tmp_path, plugin_env, "-v")
+    else:
+        proc = run_failing_cleanup(sim, tmp_path, plugin_env, after=["--verbose"])
     assert proc.returncode == 0, proc.stderr
     assert "metrale: warning: benchmark cleanup failed: RuntimeError: the sandbox would not go" in (
         log_lines(proc.stderr)

@@ -58,6 +58,8 @@ exit codes: 0 done, 1 verdict failed, 2 usage error, 3 run failed."""
 #: the commands whose flags include a benchmark's parameters (`bench_flags`)
 BENCH_COMMANDS = ("run", "matrix")
 
+VERBOSE_HELP = "diagnostics on stderr (why a cleanup failed, ...): -v info, -vv debug"
+
 
 def build_parser(bench: type[Benchmark] | None = None) -> Parser:
     """The whole command line; with `bench`, `run` and `matrix` also take its parameters."""
@@ -68,16 +70,17 @@ def build_parser(bench: type[Benchmark] | None = None) -> Parser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"metrale {__version__}")
-    parser.add_argument(
-        "-v", "--verbose", action="count", default=0,
-        help="diagnostics on stderr (why a cleanup failed, ...): -v info, -vv debug",
-    )  # fmt: skip
+    parser.add_argument("-v", "--verbose", action="count", default=0, help=VERBOSE_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for command in COMMANDS:
         if command.__name__.rsplit(".", 1)[-1] in BENCH_COMMANDS:
             command.add_parser(sub, bench)
         else:
             command.add_parser(sub)
+    for each in sub.choices.values():  # `run gsm8k -v` too (a count there wins)
+        each.add_argument(
+            "-v", "--verbose", action="count", default=argparse.SUPPRESS, help=VERBOSE_HELP
+        )
     return parser
 
 
