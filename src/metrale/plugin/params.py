@@ -100,7 +100,7 @@ def _convert(spec: ParamSpec, raw: object) -> Any:
         if isinstance(raw, bool):
             raise UsageError(f"parameter {spec.name}={raw!s} is not a number; accepted: {wanted}")
         try:
-            return float(raw)  # type: ignore[arg-type]
+            return float(raw)  # type: ignore[arg-type]  # any other type: TypeError, below
         except (TypeError, ValueError):
             raise UsageError(
                 f"parameter {spec.name}={raw!s} is not a number; accepted: {wanted}"

@@ -224,8 +224,9 @@ async def run_rollouts(plan: RolloutPlan, progress: Progress | None = None) -> l
         if workers:
             done, _ = await asyncio.wait(workers, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
-                if not task.cancelled() and task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
+                error = None if task.cancelled() else task.exception()
+                if error is not None:
+                    raise error
     finally:
         for task in workers:
             task.cancel()

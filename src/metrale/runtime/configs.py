@@ -215,6 +215,7 @@ class RayConfig(RuntimeConfig):
 CONFIGS: tuple[type[RuntimeConfig], ...] = (SubprocessConfig, BwrapConfig, DockerConfig, RayConfig)
 RUNTIMES: tuple[str, ...] = tuple(c.model_fields["type"].default for c in CONFIGS)
 _BY_NAME: dict[str, type[RuntimeConfig]] = dict(zip(RUNTIMES, CONFIGS, strict=True))
+# the union of whatever CONFIGS holds: pydantic reads it at run time, mypy cannot
 AnyRuntimeConfig = Annotated[Union[CONFIGS], Field(discriminator="type")]  # type: ignore[valid-type]  # noqa: UP007
 _ANY: TypeAdapter[Any] = TypeAdapter(AnyRuntimeConfig)
 
@@ -222,7 +223,8 @@ _ANY: TypeAdapter[Any] = TypeAdapter(AnyRuntimeConfig)
 def parse_runtime_config(data: Mapping[str, Any]) -> RuntimeConfig:
     """A config from its JSON form (as in run.json), picked by its `type`."""
     try:
-        return _ANY.validate_python(dict(data))  # type: ignore[no-any-return]
+        config: RuntimeConfig = _ANY.validate_python(dict(data))
+        return config
     except ValidationError as exc:
         raise UsageError(f"bad runtime config: {_first_error(exc)}") from None
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from metrale.benchmarks.serve.client import PreparedRequest, StreamClient
 from metrale.benchmarks.serve.declared import METRICS, samples
@@ -367,8 +367,8 @@ class ServeBenchmark(BenchmarkBase):
         if not self.slos and len(levels) > 1:
             self._log("info", "no --slo given: goodput equals throughput, the knee is saturation")
 
-    def _log(self, level: str, message: str) -> None:
-        self.log(message, level)  # type: ignore[arg-type]
+    def _log(self, level: Literal["info", "warn", "error"], message: str) -> None:
+        self.log(message, level)
 
     async def teardown(self) -> None:
         if self._client is not None:

@@ -112,7 +112,7 @@ class StreamClient:
             record.reasoning_chunks = done.reasoning_chunks
             record.prompt_tokens = done.prompt_tokens
             record.output_tokens = done.completion_tokens
-            record.token_source = done.token_source  # type: ignore[assignment]
+            record.token_source = done.token_source
             record.finish_reason = done.finish_reason
             if done.ttft_s is None:
                 record.error = "no_output: the response carried no output chunk"
