@@ -117,3 +117,16 @@ def test_nothing_logs_below_the_cli_level_by_default() -> None:
         for handler in [h for h in logger.handlers if h.get_name() == "metrale.cli"]:
             logger.removeHandler(handler)
         logger.setLevel(logging.NOTSET)
+
+
+def test_a_broken_levels_file_is_said_and_a_missing_one_is_not(caplog, tmp_path) -> None:
+    from metrale.benchmarks.serve.params import LEVELS_FILE
+    from metrale.benchmarks.serve.plot import serve_curves
+
+    with caplog.at_level(logging.INFO, logger="metrale"):
+        assert serve_curves(tmp_path) == []
+        assert messages(caplog, logging.WARNING) == []
+        (tmp_path / LEVELS_FILE).write_text('{"levels": "not a list"}')
+        assert serve_curves(tmp_path) == []
+    [said] = messages(caplog, logging.WARNING)
+    assert said.startswith(f"{tmp_path / LEVELS_FILE}: unreadable, no curves: ")

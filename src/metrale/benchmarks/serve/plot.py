@@ -7,10 +7,13 @@ Agg canvas (no pyplot, no display).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from metrale.errors import UsageError
+
+logger = logging.getLogger(__name__)
 
 
 def plot_serve(directory: Path, out: Path) -> Path:
@@ -79,7 +82,10 @@ def serve_curves(directory: Path) -> list[dict[str, Any]]:
 
     try:
         levels = ServeLevels.model_validate_json((directory / LEVELS_FILE).read_text())
-    except (OSError, ValueError):
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        logger.warning("%s: unreadable, no curves: %s", directory / LEVELS_FILE, exc)
         return []
     points = sorted(
         (lv for lv in levels.levels if lv.metrics.get("request_throughput")),
