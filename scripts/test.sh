@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Everything the tests need on a fresh Debian/Ubuntu machine, then the tests, then the check that
-# no test CI is meant to run was skipped. Idempotent: a second run installs nothing new.
+# Everything the tests need on a fresh Debian/Ubuntu machine, then ruff, ruff format and mypy,
+# then the tests, then the check that no test CI is meant to run was skipped. Idempotent: a
+# second run installs nothing new.
 #   bash scripts/test.sh [PYTEST ARGS...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +25,23 @@ fi
 export PATH="$PATH:$HOME/.cargo/bin"
 command -v cargo >/dev/null || echo "warning: no cargo: the agentic_webserver tests will skip" >&2
 
+[ -x .venv/bin/python ] || python3 -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
+    python -m pip install -q -e '.[dev,local]'
+
+# Lint, format and types before anything slow: the first check that fails ends the script
+# with one line naming it (its own output is above that line).
+check() {
+    local name=$1
+    shift
+    "$@" || { echo "scripts/test.sh: $name failed: $*" >&2; exit 1; }
+}
+check "ruff check" python -m ruff check src tests
+check "ruff format" python -m ruff format --check src tests
+check "mypy (see [tool.mypy] in pyproject.toml)" python -m mypy
+
 # The container engine for the docker runtime's tests (podman + runc, the base image built from
 # Debian's packages: ~3 min the first time, seconds once built). An engine this script started
 # is stopped again when it ends (the image stays); one that was up before is left up.
@@ -31,12 +49,6 @@ if ! bash scripts/container-engine.sh status >/dev/null 2>&1; then
     trap 'bash scripts/container-engine.sh down >/dev/null 2>&1 || true' EXIT
 fi
 eval "$(bash scripts/container-engine.sh up)"
-
-[ -x .venv/bin/python ] || python3 -m venv .venv
-. .venv/bin/activate
-python -m pip install -q --upgrade pip
-CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
-    python -m pip install -q -e '.[dev,local]'
 
 python -m pytest "$@"
 # Every test meant to run here ran: any skip not in tests/skips_allowed.toml fails.

@@ -32,6 +32,7 @@ def read_records(run_dir: Path) -> list[dict]:
         (["run", "gsm8k", "--target", "http://bad-host.invalid"], "cannot resolve host"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         (["sim", "--error-kinds", "boom"], "unknown --error-kinds"),
+        (["exec", "--runtime", "none", "--", "true"], "exec needs a sandbox: --runtime "),
     ],
 )
 def test_bad_input_is_one_line_exit_2_no_traceback(args: list[str], fragment: str) -> None:

@@ -20,6 +20,7 @@ view from the first snapshot of the phase; the ETA is what is left at that rate.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, TextIO
@@ -119,7 +120,8 @@ class RichView:
             console=self.console,
             auto_refresh=False,
             redirect_stdout=False,
-            redirect_stderr=False,
+            # a log line (`metrale -v`) printed above the view, not erased by its next redraw
+            redirect_stderr=stream is sys.stderr,
             transient=False,
         )
         self.refresh_s = refresh_s

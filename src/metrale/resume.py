@@ -35,7 +35,7 @@ class ResumedRun:
 def resumed_run(
     run_dir: Path,
     args: argparse.Namespace,
-    raw_params: Mapping[str, str],
+    raw_params: Mapping[str, object],
     runtime: RuntimeConfig | None,
     client: ClientOptions,
     default_client: ClientOptions,

@@ -10,7 +10,7 @@ nothing of what a benchmark measures.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import platform
 import sys
 import time
@@ -49,6 +49,8 @@ from metrale.plugin import (
 from metrale.rollout import finish
 from metrale.rundir import ResumeRecords, RunArtifacts
 from metrale.runtime.base import RuntimeConfig
+
+logger = logging.getLogger(__name__)
 
 
 class RunInfo(BaseModel):
@@ -241,6 +243,7 @@ async def _run_in(
     except MetraleError as exc:  # e.g. a record that could not be written: say it as it is
         final = BenchmarkResult(status=Status.FAILED, error=str(exc))
     except Exception as exc:  # a benchmark bug or a lost target: keep what finished, say why
+        logger.debug("the run failed", exc_info=exc)  # -vv: where it came from
         final = BenchmarkResult(status=Status.FAILED, error=f"{type(exc).__name__}: {exc}")
     finally:
         try:
@@ -269,9 +272,12 @@ async def _run_in(
 
 
 async def _quiet(work: Awaitable[None]) -> None:
-    """A benchmark's cleanup that fails must not hide the run's own outcome."""
-    with contextlib.suppress(Exception):
+    """A benchmark's cleanup that fails must not hide the run's own outcome: it is logged
+    (`metrale -v` shows it; a runtime it did not stop is what `metrale cleanup` finds)."""
+    try:
         await work
+    except Exception as exc:
+        logger.warning("benchmark cleanup failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
 
 
 def exit_code(result: BenchmarkResult) -> int:

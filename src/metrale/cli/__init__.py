@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from metrale import __version__
 from metrale.cli import cleanup, compare, listing, matrix, plot, report, run, sandbox_exec, sim
+from metrale.cli.logs import configure as configure_logging
 from metrale.cli.parsing import Parser
 from metrale.errors import EXIT_USAGE, MetraleError
 
@@ -56,6 +58,8 @@ exit codes: 0 done, 1 verdict failed, 2 usage error, 3 run failed."""
 #: the commands whose flags include a benchmark's parameters (`bench_flags`)
 BENCH_COMMANDS = ("run", "matrix")
 
+VERBOSE_HELP = "diagnostics on stderr (why a cleanup failed, ...): -v info, -vv debug"
+
 
 def build_parser(bench: type[Benchmark] | None = None) -> Parser:
     """The whole command line; with `bench`, `run` and `matrix` also take its parameters."""
@@ -66,12 +70,17 @@ def build_parser(bench: type[Benchmark] | None = None) -> Parser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"metrale {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help=VERBOSE_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for command in COMMANDS:
         if command.__name__.rsplit(".", 1)[-1] in BENCH_COMMANDS:
             command.add_parser(sub, bench)
         else:
             command.add_parser(sub)
+    for each in sub.choices.values():  # `run gsm8k -v` too (a count there wins)
+        each.add_argument(
+            "-v", "--verbose", action="count", default=argparse.SUPPRESS, help=VERBOSE_HELP
+        )
     return parser
 
 
@@ -83,6 +92,8 @@ def peek_benchmark(argv: Sequence[str]) -> type[Benchmark] | None:
     from metrale.plugin import canonical_id, discover
 
     tokens = [t for t in argv if t not in ("-h", "--help", "--version")]
+    while tokens and re.fullmatch(r"-v+|--verbose", tokens[0]):  # the top-level -v, -vv
+        tokens.pop(0)
     if not tokens or tokens[0] not in BENCH_COMMANDS:
         return None
     try:
@@ -117,6 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser(peek_benchmark(argv))
         args, extra = parser.parse_known_args(argv)
+        configure_logging(args.verbose)
         if getattr(args, "handler", None) is None:
             parser.print_help(sys.stderr)
             return EXIT_USAGE

@@ -62,4 +62,5 @@ def _restore_child_watcher() -> None:
         _installed = False
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # children the run already killed
-            asyncio.get_event_loop_policy().set_child_watcher(None)
+            # None puts the default watcher back (CPython accepts it; typeshed does not say so)
+            asyncio.get_event_loop_policy().set_child_watcher(None)  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import Any
 
 from metrale.errors import UsageError
 from metrale.plugin import Benchmark, ParamSpec
@@ -59,7 +60,7 @@ def add_bench_args(
             continue
         axis = spec.name in axes
         metavar = _METAVAR[spec.type] + ("[,...]" if axis else "")
-        kwargs: dict[str, object] = {
+        kwargs: dict[str, Any] = {
             "dest": DEST_PREFIX + spec.name,
             "action": "append",
             "metavar": metavar,
@@ -68,7 +69,7 @@ def add_bench_args(
         if spec.type == "bool":
             kwargs["nargs"] = "?"
             kwargs["const"] = "true"
-        group.add_argument(flag, **kwargs)  # type: ignore[arg-type]
+        group.add_argument(flag, **kwargs)
         if spec.type == "bool" and f"--no-{flag[2:]}" not in parser._option_string_actions:
             group.add_argument(
                 f"--no-{flag[2:]}",

@@ -19,7 +19,8 @@ from metrale.errors import UsageError
 from metrale.rollout.driver import STANDARD_AXES
 
 if TYPE_CHECKING:
-    from metrale.matrix.sweep import Sweep
+    from metrale.endpoint.client import Target
+    from metrale.matrix.sweep import Sweep, Tier
     from metrale.plugin import Benchmark, ParamSpec
 
 
@@ -96,7 +97,7 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
     _apply_runtime_flags(sweep, bench, args)
     plan = plan_sweep(sweep)
     cells = select(plan.cells, split_list(args.only) if args.only else [])
-    needs = {}
+    needs: dict[Tier, bool] = {}
     for cell in cells:
         probe = get_benchmark(sweep.benchmark)()
         probe.configure(cell_params(cell))
@@ -106,14 +107,14 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
 
     async def go() -> list[Any]:
         async with contextlib.AsyncExitStack() as stack:
-            targets = {}
+            targets: dict[str, Target | None] = {}
             for tier, needed in needs.items():
                 targets[tier.name] = await stack.enter_async_context(
                     open_target(tier.target, tier.model, args.api_key, needs_model=needed)
                 )
             return await run_sweep(
                 plan,
-                targets,  # type: ignore[arg-type]
+                targets,
                 client_options=client_options(args),
                 preflight=not args.no_preflight,
                 progress=None if args.quiet else sys.stderr,

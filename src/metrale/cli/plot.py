@@ -34,7 +34,7 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
     figure_format(args.output)  # the format, from the extension, before any work
     bench_id = run_benchmark_id(args.dir)  # a run directory has a run.json; a sweep has none
     if bench_id is not None:
-        bench = get_benchmark(bench_id)
+        bench: object = get_benchmark(bench_id)  # a class: its staticmethods meet PlotsRuns
         if not isinstance(bench, PlotsRuns):
             raise UsageError(
                 f"{args.dir}: a {bench_id} run has no figure of its own; "

@@ -118,7 +118,7 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
 
         if args.overwrite:
             raise UsageError("--overwrite conflicts with --resume")
-        earlier = resumed_run(args.resume, args, raw, runtime, options, ClientOptions())  # type: ignore[arg-type]
+        earlier = resumed_run(args.resume, args, raw, runtime, options, ClientOptions())
         args.benchmark, args.target, args.model = earlier.benchmark, earlier.target, earlier.model
         raw, runtime, options, budgets = (
             earlier.params,

@@ -38,6 +38,8 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
     if not command:
         raise UsageError("metrale exec needs a command after --")
     config = runtime_from_args(args)
+    if config is None:
+        raise UsageError("metrale exec needs a sandbox: --runtime subprocess, bwrap, docker or ray")
     check_runtime(config)
 
     async def go() -> int:

@@ -101,4 +101,4 @@ def client_options(args: argparse.Namespace) -> ClientOptions:
         given["stream"] = False
     if args.max_response_kb is not None:
         given["max_response_bytes"] = args.max_response_kb * 1024
-    return ClientOptions(**given)  # type: ignore[arg-type]
+    return ClientOptions.model_validate(given)

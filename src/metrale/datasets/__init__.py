@@ -25,7 +25,7 @@ class Gsm8kRow:
 def gsm8k_test() -> tuple[Gsm8kRow, ...]:
     """The GSM8K test split, in file order (read once per process)."""
     text = resources.files(__package__).joinpath("data/gsm8k_test.jsonl").read_text("utf-8")
-    rows = []
+    rows: list[Gsm8kRow] = []
     for line in text.splitlines():
         if line.strip():
             row = json.loads(line)

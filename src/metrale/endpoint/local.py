@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import IO
 
 from metrale.endpoint.http import ConnectionPool, HttpConnectionError, HttpProtocolError
 from metrale.errors import RunError, UsageError
@@ -73,7 +74,7 @@ class LocalLlamaServer:
         self.base_url = ""
         self.model = MODEL_NAME
         self._proc: subprocess.Popen[bytes] | None = None
-        self._log = None
+        self._log: IO[bytes] | None = None
         #: Set by `stop()` when the server had already exited on its own: a crash mid-run.
         self.died: str | None = None
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 ERROR_KINDS = ("5xx", "drop", "malformed")
 
@@ -104,8 +105,8 @@ class SimServer:
         # A deep backlog: a burst of 1,024 connects must not overflow into SYN retries (1 s).
         site = web.TCPSite(self._runner, self.config.host, self.config.port, backlog=4096)
         await site.start()
-        sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
-        port = sockets[0].getsockname()[1] if sockets else self.config.port
+        addresses = self._runner.addresses
+        port = addresses[0][1] if addresses else self.config.port
         self.base_url = f"http://{self.config.host}:{port}/v1"
         return self.base_url
 
@@ -115,7 +116,7 @@ class SimServer:
             self._runner = None
 
     @web.middleware
-    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """401 for a missing or wrong bearer token when `api_key` is set; /health stays open."""
         key = self.config.api_key
         authorized = request.headers.get("Authorization") == f"Bearer {key}"

@@ -46,7 +46,7 @@ import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel
@@ -106,7 +106,7 @@ class Completion:
     reasoning_chunks: int = 0
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
-    token_source: str | None = None
+    token_source: Literal["usage", "counted"] | None = None
     finish_reason: str | None = None
     content: str = ""
     reasoning: str = ""

@@ -9,6 +9,7 @@ The same summary can be built from a run directory (`run.json` + `rollouts.jsonl
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +21,8 @@ from metrale import __version__
 from metrale.errors import UsageError
 from metrale.plugin import RunSummary
 from metrale.rollout import ROLLOUT_METRICS, RolloutRecord, summarize_records
+
+logger = logging.getLogger(__name__)
 
 
 class CellResult(RunSummary):
@@ -190,6 +193,7 @@ def cell_from_run_dir(run_dir: Path) -> CellResult:
             summary = run_dir / "summary.json"
             if summary.is_file():
                 return cell.with_summary(RunSummary.model_validate_json(summary.read_bytes()))
-        except (OSError, ValueError):
-            pass
+        except (OSError, ValueError) as exc:
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            logger.warning("%s: unreadable result (%s): summarised from its records", run_dir, why)
     return summarize(read_records(run_dir / "rollouts.jsonl"), cell)

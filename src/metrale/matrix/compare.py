@@ -116,7 +116,7 @@ def _row(
     if not xa or not xb or sa is None or sb is None:
         return Row(label, m.name, sa, sb, None, None, None, "n/a")
     try:
-        iv = bootstrap_diff(xa, xb, m.compute, resamples=resamples)  # type: ignore[arg-type]
+        iv = bootstrap_diff(xa, xb, m.compute, resamples=resamples)
     except ValueError:  # a resample without a value (a ratio's denominators all 0): no interval
         return Row(label, m.name, sa, sb, sb - sa, None, None, "n/a")
     v = verdict(iv.estimate, iv.low, iv.high, sa, m, rel_tol)
@@ -165,7 +165,7 @@ def compare_paths(
             f"({a} and {b} differ in kind)"
         )
     by_name = {c.cell: c for c in side_b}
-    rows: list[Row] = []
+    rows = []
     unmatched = [
         f"{c.cell} (only in {b})" for c in side_b if c.cell not in {x.cell for x in side_a}
     ]

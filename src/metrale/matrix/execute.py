@@ -9,6 +9,7 @@ stops the sweep and leaves the cells already written.
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ from metrale.plugin import Benchmark, canonical_id, get_benchmark
 from metrale.rollout.driver import STANDARD_AXES
 from metrale.runtime.base import RuntimeConfig
 from metrale.stats import Spread
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -58,8 +61,8 @@ def plan_sweep(sweep: Sweep) -> SweepPlan:
             raise UsageError(
                 f"{sweep.benchmark} cannot sweep {name!r}; its sweep axes: {', '.join(axes)}"
             )
-    for axis, values in (("rollouts", sweep.rollouts), ("max_concurrent", sweep.max_concurrent)):
-        if values != [None] and axis not in axes:
+    for axis, counts in (("rollouts", sweep.rollouts), ("max_concurrent", sweep.max_concurrent)):
+        if counts != [None] and axis not in axes:
             flag = "--" + axis.replace("_", "-")
             raise UsageError(
                 f"{sweep.benchmark} has no {axis} axis, so {flag} does not apply; "
@@ -176,7 +179,8 @@ def _completed_cell(out: Path, cell: Cell) -> CellResult | None:
         return None
     try:
         found = read_cell(path)
-    except UsageError:
+    except UsageError as exc:
+        logger.info("%s: unreadable (%s); the cell runs again", path, exc)
         return None
     return found if found.status == "completed" else None
 
@@ -200,6 +204,7 @@ async def run_cell(cell: Cell, request: runner.RunRequest) -> CellResult:
     try:
         outcome = await runner.run(request)
     except Exception as exc:  # the cell failed to run at all: record why and go on
+        logger.debug("cell %s failed to run", cell.name, exc_info=exc)
         base.status, base.error = "failed", _one_line(exc)
         # e2e is the work phase as the benchmark clocked it; a run that raised never said it
         base.e2e_s = None

@@ -14,6 +14,7 @@ Python, by `metrale.fmt`; the script only places what it is given.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -30,6 +31,8 @@ from metrale.matrix.drilldown import cell_run_dir, drilldown_html
 from metrale.matrix.plot import LOG_SPAN, Panel, bar_label, panels_for
 from metrale.matrix.report import failure_notes, has_stages, report_table
 from metrale.plugin import CurvesRuns, get_benchmark
+
+logger = logging.getLogger(__name__)
 
 CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'"
 
@@ -195,8 +198,9 @@ def _curves(cell: CellResult, run_dir: Path | None) -> list[dict[str, Any]]:
     if run_dir is None:
         return []
     try:
-        bench = get_benchmark(cell.benchmark)
-    except UsageError:
+        bench: object = get_benchmark(cell.benchmark)  # a class; staticmethods meet CurvesRuns
+    except UsageError as exc:
+        logger.info("%s: no curves of its own: %s", cell.cell, exc)
         return []
     if not isinstance(bench, CurvesRuns):
         return []

@@ -122,7 +122,8 @@ def get_benchmark(benchmark_id: str) -> type[Benchmark]:
     names = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == key:
-            return ep.load()  # type: ignore[no-any-return]
+            found: type[Benchmark] = ep.load()
+            return found
         names.append(ep.name)
     valid = ", ".join(sorted(names)) or "(none installed)"
     raise UsageError(f"unknown benchmark {benchmark_id!r}; available: {valid}")

@@ -41,7 +41,8 @@ class Artifacts(Protocol):
 class Resume(Protocol):
     """What a resumed run already holds: the indices with a kept record, and those records."""
 
-    indices: frozenset[int]
+    @property
+    def indices(self) -> frozenset[int]: ...  # read-only: a frozen record meets it
 
     def records(self) -> Iterator[dict[str, Any]]: ...
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from metrale.errors import UsageError
 from metrale.stats import mean, percentile
@@ -78,9 +78,10 @@ def compute(stat: Stat, sample: Sample) -> float | None:
     if not sample:
         return None
     if stat == "ratio":
-        den = sum(p[1] for p in sample)  # type: ignore[index]
-        return sum(p[0] for p in sample) / den if den else None  # type: ignore[index]
-    values: Sequence[float] = sample  # type: ignore[assignment]
+        pairs = cast("Sequence[tuple[float, float]]", sample)  # a ratio samples (num, den)
+        den = sum(p[1] for p in pairs)
+        return sum(p[0] for p in pairs) / den if den else None
+    values = cast("Sequence[float]", sample)
     if stat == "mean":
         return mean(values)
     if stat == "sum":

@@ -30,7 +30,7 @@ class ParamSpec(BaseModel):
     nullable: bool = False
 
     def describe_type(self) -> str:
-        text = self.type
+        text: str = self.type
         if self.choices:
             text += " in {" + ", ".join(str(c) for c in self.choices) + "}"
         elif self.min is not None or self.max is not None:
@@ -100,7 +100,7 @@ def _convert(spec: ParamSpec, raw: object) -> Any:
         if isinstance(raw, bool):
             raise UsageError(f"parameter {spec.name}={raw!s} is not a number; accepted: {wanted}")
         try:
-            return float(raw)  # type: ignore[arg-type]
+            return float(raw)  # type: ignore[arg-type]  # any other type: TypeError, below
         except (TypeError, ValueError):
             raise UsageError(
                 f"parameter {spec.name}={raw!s} is not a number; accepted: {wanted}"

@@ -108,7 +108,7 @@ class RunSummary(BaseModel):
     reward_mean: float | None = None
     rewards: list[float] = Field(default_factory=list, description="old files: sorted rewards")
     durations: dict[str, list[float]] = Field(
-        default_factory=lambda: {s: [] for s in SUMMARY_STAGES}
+        default_factory=lambda: {s: list[float]() for s in SUMMARY_STAGES}
     )
     metrics: dict[str, float | int | None] = Field(default_factory=dict)
     samples: dict[str, list[Any] | dict[str, list[Any]]] = Field(default_factory=dict)
@@ -196,6 +196,7 @@ def check_bounds(metrics: Mapping[str, float | int | None], bounds: Mapping[str,
     measured is not met.
     """
     checks: list[Check] = []
+    op: Literal[">=", "<="]
     for key, limit in bounds.items():
         if key.endswith("_min"):
             metric, op = key[: -len("_min")], ">="

@@ -18,7 +18,7 @@ standard metrics (`summary.ROLLOUT_METRICS`) and the run's `RunSummary`.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from metrale.errors import UsageError
 from metrale.plugin import (
@@ -272,9 +272,11 @@ class RolloutBenchmark(BenchmarkBase):
         }
 
 
-def bound_check(metric: str, value: float | None, limit: float, op: str = "<=") -> Check:
+def bound_check(
+    metric: str, value: float | None, limit: float, op: Literal["<=", ">="] = "<="
+) -> Check:
     """One verdict check of a benchmark's own budget parameter; an absent value fails."""
     if value is None:
-        return Check(metric=metric, op=op, limit=limit, value=None, passed=False, reason="absent")  # type: ignore[arg-type]
+        return Check(metric=metric, op=op, limit=limit, value=None, passed=False, reason="absent")
     passed = value <= limit if op == "<=" else value >= limit
-    return Check(metric=metric, op=op, limit=limit, value=value, passed=passed)  # type: ignore[arg-type]
+    return Check(metric=metric, op=op, limit=limit, value=value, passed=passed)

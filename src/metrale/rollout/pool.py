@@ -11,9 +11,10 @@ whatever happened, so the run directory has it before the next one finishes.
 from __future__ import annotations
 
 import asyncio
+import logging
 import resource
 import time
-from collections.abc import Awaitable, Callable, Container, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -34,6 +35,8 @@ from metrale.rollout.reservoir import Reservoir
 from metrale.rollout.warm import Warm, WarmPool
 from metrale.runtime.base import Runtime
 from metrale.stats import percentile
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from metrale.endpoint.client import ChatClient
@@ -66,7 +69,7 @@ class RolloutPlan:
     runtime_retries: int = 0
     on_record: Callable[[RolloutRecord], None] = lambda record: None
     run_id: str = "run"
-    skip: Container[int] = frozenset()
+    skip: Collection[int] = frozenset()
     #: called once with a line to show the user (a concurrency cap, for example)
     on_warning: Callable[[str], None] = lambda message: None
     #: handed to every rollout's context
@@ -221,8 +224,9 @@ async def run_rollouts(plan: RolloutPlan, progress: Progress | None = None) -> l
         if workers:
             done, _ = await asyncio.wait(workers, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
-                if not task.cancelled() and task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
+                error = None if task.cancelled() else task.exception()
+                if error is not None:
+                    raise error
     finally:
         for task in workers:
             task.cancel()
@@ -301,6 +305,7 @@ async def _run_one(
         record.error = ErrorInfo(type="cancelled", message="run cancelled", stage=stage)
         raise
     except Exception as exc:
+        logger.debug("rollout %d failed in %s", record.index, stage, exc_info=exc)
         record.error = ErrorInfo(
             type=getattr(exc, "kind", None) or type(exc).__name__,
             message=str(exc)[:500] or type(exc).__name__,
@@ -320,6 +325,8 @@ async def _run_one(
             except Exception as exc:  # a failed teardown is the rollout's fault, not the run's
                 if record.error is None:
                     record.error = ErrorInfo(type="runtime_stop", message=str(exc)[:500])
+                else:  # the record keeps its first error: say this one here
+                    logger.warning("rollout %d: runtime stop failed: %r", record.index, exc)
             finally:
                 record.stop_s = (record.stop_s or 0.0) + time.perf_counter() - stopping
         after = getattr(task, "teardown", None)
@@ -331,6 +338,8 @@ async def _run_one(
             except Exception as exc:
                 if record.error is None:
                     record.error = ErrorInfo(type="teardown", message=str(exc)[:500])
+                else:
+                    logger.warning("rollout %d: teardown failed: %r", record.index, exc)
         timings = record.stages.values()
         if timings:
             record.total_s = max(t.end_s for t in timings) - min(t.start_s for t in timings)

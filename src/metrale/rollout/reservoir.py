@@ -20,7 +20,7 @@ import zlib
 from array import array
 from typing import Any
 
-from metrale.plugin.metrics import compute
+from metrale.plugin.metrics import Stat, compute
 
 #: Values kept per metric (8 bytes each; a ratio keeps this many pairs).
 SAMPLE_CAP = 16_384
@@ -73,7 +73,7 @@ class Reservoir:
             return self.values
         return list(zip(self.values[0::2], self.values[1::2], strict=True))
 
-    def statistic(self, stat: str) -> float | None:
+    def statistic(self, stat: Stat) -> float | None:
         """`stat` over every value added: exact for mean, sum, max and ratio; a percentile
         from the kept values. None when nothing was added (or a ratio's denominator is 0)."""
         if not self.n:
@@ -86,7 +86,7 @@ class Reservoir:
             return self.top
         if stat == "ratio":
             return self.total / self.per if self.per else None
-        return compute(stat, self.values)  # type: ignore[arg-type]
+        return compute(stat, self.values)
 
     def __len__(self) -> int:
         """The values kept (the sample's size, not `n`)."""

@@ -23,7 +23,8 @@ def _stage(name: str) -> Metric:
         if name == "total":
             return r.total_s
         if name in RUNTIME_DURATIONS:
-            return getattr(r, f"{name}_s")
+            value: float | None = getattr(r, f"{name}_s")
+            return value
         timing = r.stages.get(name)
         return None if timing is None else timing.duration_s
 
@@ -142,9 +143,9 @@ def build_summary(progress: Progress, metrics: Sequence[Metric], e2e_s: float | 
         e2e_s=e2e_s,
         reward_mean=rewards.statistic("mean") if rewards is not None else None,
         rewards=[],  # the per-rollout rewards are the sample of reward_mean
-        durations=durations,
+        durations=durations,  # type: ignore[arg-type]  # arrays as lists: see RunSummary._lists
         metrics=values,
-        samples={k: compact(r.kept()) for k, r in found.items()},
+        samples={k: compact(r.kept()) for k, r in found.items()},  # type: ignore[misc]  # same
         sampled={r.name: r.n for r in reservoirs if r.sampled},
     )
 

@@ -102,7 +102,8 @@ def unknown_options(cls: type[RuntimeConfig], options: Mapping[str, Any]) -> NoR
 
 @runtime_checkable
 class Runtime(Protocol):
-    config: RuntimeConfig
+    @property
+    def config(self) -> RuntimeConfig: ...  # read-only: each runtime holds its own config type
 
     async def start(self) -> None: ...
 

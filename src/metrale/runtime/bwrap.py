@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -82,6 +83,8 @@ from metrale.runtime.cgroups import SandboxCgroup
 from metrale.runtime.configs import BwrapConfig
 from metrale.runtime.procs import killpg, run_process, spawned
 from metrale.runtime.sandbox_proc import SandboxProcess, close_all
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "SANDBOX_PATH", "SANDBOX_UID", "WORKDIR_PREFIX", "BwrapRuntime", "check_bwrap",
@@ -482,8 +485,11 @@ class BwrapRuntime(RuntimeBase):
             self._finish()
             raise
         if self._proc is not None:
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.wait_for(self._proc.wait(), 5)
+            except Exception as exc:  # killed above: only a stuck reaper is left to wait for
+                logger.warning("bwrap pid %d: no exit status 5 s after its kill: %r",
+                               self._proc.pid, exc)  # fmt: skip
             transport = getattr(self._proc, "_transport", None)
             if transport is not None:
                 transport.close()

@@ -12,11 +12,14 @@ sandbox's cgroups are children of the cgroup metrale itself is in, named after i
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -138,6 +141,7 @@ def _remove(path: Path) -> None:
                     with contextlib.suppress(OSError):
                         os.kill(int(pid), signal.SIGKILL)
             time.sleep(0.01)
+    logger.warning("cgroup %s still busy after 3 s: left for 'metrale cleanup'", path)
 
 
 def leftover_cgroups(prefix: str) -> list[Path]:

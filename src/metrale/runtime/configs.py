@@ -10,6 +10,7 @@ in `CONFIGS`. Nothing else names a runtime.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -22,6 +23,8 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from metrale.errors import UsageError
 from metrale.runtime.base import LIMIT_KEYS, Runtime, RuntimeConfig, unknown_options
 from metrale.runtime.procs import Limits, RateLimiter
+
+logger = logging.getLogger(__name__)
 
 #: Flat option names `runtime_config` accepts besides the config fields: limits, and binds.
 _LIMIT_KEYS = LIMIT_KEYS
@@ -51,7 +54,7 @@ class SubprocessConfig(RuntimeConfig):
     """Commands on the host in a fresh temp workdir: the cheapest runtime, and no isolation
     beyond a scrubbed environment, limits and process-group cleanup."""
 
-    type: Literal["subprocess"] = "subprocess"  # type: ignore[assignment]
+    type: Literal["subprocess"] = "subprocess"
     #: RLIMIT_NPROC counts all of the host user's processes here, so it is off by default.
     limits: Limits = Field(default_factory=lambda: Limits(max_procs=None))
     env: dict[str, str] = Field(default_factory=dict)
@@ -75,7 +78,7 @@ class BwrapConfig(RuntimeConfig):
     be made, else per process (RLIMIT_AS); `limits.max_procs` its process count (pids cgroup,
     else RLIMIT_NPROC)."""
 
-    type: Literal["bwrap"] = "bwrap"  # type: ignore[assignment]
+    type: Literal["bwrap"] = "bwrap"
     limits: Limits = Field(default_factory=Limits)
     binds: list[Bind] = Field(default_factory=list)
     network: bool = False
@@ -129,7 +132,7 @@ class DockerConfig(RuntimeConfig):
     `--init`. The default image is the one scripts/container-engine.sh builds from Debian's
     packages (no registry needed); images are never pulled during a run."""
 
-    type: Literal["docker"] = "docker"  # type: ignore[assignment]
+    type: Literal["docker"] = "docker"
     image: str = DEFAULT_IMAGE
     cli: str = "docker"
     network: str = Field(default="none", description="none (default), bridge, host, ...")
@@ -166,7 +169,7 @@ InnerConfig = Annotated[SubprocessConfig | BwrapConfig, Field(discriminator="typ
 class RayConfig(RuntimeConfig):
     """Each sandbox (`inner`) lives in a Ray actor on some cluster node."""
 
-    type: Literal["ray"] = "ray"  # type: ignore[assignment]
+    type: Literal["ray"] = "ray"
     address: str = "auto"
     inner: InnerConfig = Field(default_factory=SubprocessConfig)
     actor_cpus: float = Field(default=0.01, description="CPU the actor reserves when placed")
@@ -212,6 +215,7 @@ class RayConfig(RuntimeConfig):
 CONFIGS: tuple[type[RuntimeConfig], ...] = (SubprocessConfig, BwrapConfig, DockerConfig, RayConfig)
 RUNTIMES: tuple[str, ...] = tuple(c.model_fields["type"].default for c in CONFIGS)
 _BY_NAME: dict[str, type[RuntimeConfig]] = dict(zip(RUNTIMES, CONFIGS, strict=True))
+# the union of whatever CONFIGS holds: pydantic reads it at run time, mypy cannot
 AnyRuntimeConfig = Annotated[Union[CONFIGS], Field(discriminator="type")]  # type: ignore[valid-type]  # noqa: UP007
 _ANY: TypeAdapter[Any] = TypeAdapter(AnyRuntimeConfig)
 
@@ -219,7 +223,8 @@ _ANY: TypeAdapter[Any] = TypeAdapter(AnyRuntimeConfig)
 def parse_runtime_config(data: Mapping[str, Any]) -> RuntimeConfig:
     """A config from its JSON form (as in run.json), picked by its `type`."""
     try:
-        return _ANY.validate_python(dict(data))  # type: ignore[no-any-return]
+        config: RuntimeConfig = _ANY.validate_python(dict(data))
+        return config
     except ValidationError as exc:
         raise UsageError(f"bad runtime config: {_first_error(exc)}") from None
 
@@ -295,6 +300,7 @@ def _resolve_ray_auto() -> str:
         found = canonicalize_bootstrap_address("auto")
     except Exception as exc:  # ConnectionError when none; ray's private API may also move
         if not isinstance(exc, ConnectionError):
+            logger.debug("cannot look for a running ray cluster here (%r): ray.init decides", exc)
             return "auto"  # cannot tell here: let ray.init decide
         found = None
     if not found:

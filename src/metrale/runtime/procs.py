@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import ClassVar, TypeVar
+from typing import ClassVar, TypeVar, cast
 
 from pydantic import BaseModel
 
@@ -226,7 +226,7 @@ async def run_process(
     if sessions is not None:
         sessions.add(pid)
     if stdin is not None:
-        pipe = transport.get_pipe_transport(0)
+        pipe = cast("asyncio.WriteTransport | None", transport.get_pipe_transport(0))  # stdin
         if pipe is not None:
             with contextlib.suppress(OSError):
                 pipe.write(stdin)

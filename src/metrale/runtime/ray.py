@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import importlib
+import logging
 import os
 import secrets
 import shutil
@@ -23,6 +25,8 @@ import ray
 
 from metrale.runtime.base import ProgramResult, RuntimeBase, RuntimeStartError, Throttle
 from metrale.runtime.configs import RayConfig
+
+logger = logging.getLogger(__name__)
 
 NAMESPACE = "metrale"
 
@@ -117,15 +121,16 @@ def _reload_ray_auth() -> None:
     """Ray reads its auth settings once, at import: make this process see the new ones (what
     Ray itself does when it turns token auth on). A Ray without token auth has neither."""
     with contextlib.suppress(ImportError, AttributeError):
-        from ray._raylet import AuthenticationTokenLoader, Config
-
-        Config.initialize("")
-        AuthenticationTokenLoader.instance().reset_cache()
+        raylet: Any = importlib.import_module("ray._raylet")  # private: it moves between Rays
+        raylet.Config.initialize("")
+        raylet.AuthenticationTokenLoader.instance().reset_cache()
 
 
 def _stop_private_cluster(temp: str, saved: dict[str, str | None]) -> None:
-    with contextlib.suppress(Exception):
+    try:
         ray.shutdown()
+    except Exception as exc:  # the cluster is going anyway: its processes and temp dir below
+        logger.warning("ray.shutdown() of the private cluster failed: %r", exc)
     for name, value in saved.items():
         if value is None:
             os.environ.pop(name, None)
@@ -156,7 +161,9 @@ class RayRuntime(RuntimeBase):
         options: dict[str, Any] = {"num_cpus": self.config.actor_cpus}
         if self.config.spread:
             options["scheduling_strategy"] = "SPREAD"
-        self.actor = SandboxActor.options(**options).remote(self.config.inner.model_dump())
+        # `@ray.remote` adds `.options` at run time; Ray's annotations keep the bare class
+        actor_class: Any = SandboxActor
+        self.actor = actor_class.options(**options).remote(self.config.inner.model_dump())
         try:
             self.node_id = await self.actor.start.remote()
         except Exception as exc:
@@ -180,7 +187,8 @@ class RayRuntime(RuntimeBase):
         return ProgramResult.model_validate(raw)
 
     async def read(self, path: str) -> bytes:
-        return await self._require().read.remote(path)
+        data: bytes = await self._require().read.remote(path)
+        return data
 
     async def write(self, path: str, data: bytes | str) -> None:
         payload = data.encode() if isinstance(data, str) else data
@@ -194,8 +202,10 @@ class RayRuntime(RuntimeBase):
             return
         try:
             # the actor may be dead already; killing it below still holds
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.wait_for(self.actor.stop.remote(), 60)
+            except Exception as exc:  # its inner sandbox may be left on that node
+                logger.warning("ray actor on node %s: stop failed: %r", self.node_id, exc)
         finally:
             ray.kill(self.actor, no_restart=True)
             self.actor = None

@@ -11,13 +11,15 @@ kills the process group it started, then stops its runtime (which kills everythi
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from metrale.runtime.base import Runtime
+
+logger = logging.getLogger(__name__)
 
 #: Beside the agent's work dir, in the rollout's own sandbox dir (relative to the work dir,
 #: which is the cwd): never a shared /tmp, where concurrent rollouts under the subprocess
@@ -106,5 +108,7 @@ async def score(
         )
     finally:
         kill = f"kill -9 -- -$(cat {PID_FILE}) 2>/dev/null; fuser -k {port}/tcp 2>/dev/null; true"
-        with contextlib.suppress(Exception):
+        try:
             await runtime.run(["bash", "-c", kill], env=env, cwd=workdir, timeout=15)
+        except Exception as exc:  # the sandbox's own stop ends the server too
+            logger.debug("killing the scored server failed: %r", exc)

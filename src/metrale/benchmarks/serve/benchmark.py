@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from metrale.benchmarks.serve.client import PreparedRequest, StreamClient
 from metrale.benchmarks.serve.declared import METRICS, samples
@@ -343,7 +343,7 @@ class ServeBenchmark(BenchmarkBase):
             errors=sum(1 for r in records if not r.ok),
             e2e_s=elapsed,
             metrics=metrics,
-            samples=samples(records, self.slos),
+            samples=dict(samples(records, self.slos)),  # typed as the field is (dict is invariant)
         )
 
     def _final_logs(self, levels: list[LevelSummary]) -> None:
@@ -367,8 +367,8 @@ class ServeBenchmark(BenchmarkBase):
         if not self.slos and len(levels) > 1:
             self._log("info", "no --slo given: goodput equals throughput, the knee is saturation")
 
-    def _log(self, level: str, message: str) -> None:
-        self.log(message, level)  # type: ignore[arg-type]
+    def _log(self, level: Literal["info", "warn", "error"], message: str) -> None:
+        self.log(message, level)
 
     async def teardown(self) -> None:
         if self._client is not None:

@@ -15,6 +15,7 @@ apply here.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,8 @@ from metrale.benchmarks.serve.metrics import RequestRecord
 from metrale.endpoint.client import ClientOptions, Target
 from metrale.endpoint.http import ConnectionPool
 from metrale.endpoint.stream import CallFailed, StreamParser, exchange
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +100,7 @@ class StreamClient:
             record.status = exc.status
             record.error = f"{exc.kind}: {exc}"
         except Exception as exc:  # any other surprise is one failed request, not a failed run
+            logger.debug("request %d failed in the client", record.index, exc_info=exc)
             record.error = f"client: {type(exc).__name__}: {exc}"
         else:
             record.status = done.status
@@ -108,7 +112,7 @@ class StreamClient:
             record.reasoning_chunks = done.reasoning_chunks
             record.prompt_tokens = done.prompt_tokens
             record.output_tokens = done.completion_tokens
-            record.token_source = done.token_source  # type: ignore[assignment]
+            record.token_source = done.token_source
             record.finish_reason = done.finish_reason
             if done.ttft_s is None:
                 record.error = "no_output: the response carried no output chunk"

@@ -25,6 +25,7 @@ from metrale.benchmarks.serve.metrics import (
     tpot,
 )
 from metrale.plugin import Metric
+from metrale.plugin.metrics import Stat
 
 #: Windows the measured window is cut into for the throughput samples.
 WINDOWS = 10
@@ -35,7 +36,7 @@ _LATENCY = {
     "itl": "gap between content tokens, every token of every request",
     "e2e": "send to the end of the stream",
 }
-_QS = ("p50", "p90", "p99")
+_QS: tuple[Stat, ...] = ("p50", "p90", "p99")
 
 
 def _latency_metrics() -> list[Metric]:
@@ -43,7 +44,7 @@ def _latency_metrics() -> list[Metric]:
     for name, what in _LATENCY.items():
         for q in _QS:
             out.append(
-                Metric(f"{name}_ms_{q}", "ms", "lower", stat=q,  # type: ignore[arg-type]
+                Metric(f"{name}_ms_{q}", "ms", "lower", stat=q,
                        column=q == "p50", doc=f"{q} over measured successful requests of {what}")
             )  # fmt: skip
     return out

@@ -7,10 +7,13 @@ Agg canvas (no pyplot, no display).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from metrale.errors import UsageError
+
+logger = logging.getLogger(__name__)
 
 
 def plot_serve(directory: Path, out: Path) -> Path:
@@ -74,12 +77,15 @@ def serve_curves(directory: Path) -> list[dict[str, Any]]:
     """The same curves as `plot_serve`, as data for the HTML report (`plugin.CurvesRuns`):
     TTFT and TPOT p50/p90 (ms) and goodput against each level's achieved request throughput,
     the knee marked; none when the directory has no levels file or no level completed."""
-    from metrale.benchmarks.serve.benchmark import LEVELS_FILE, ServeLevels
+    from metrale.benchmarks.serve.params import LEVELS_FILE, ServeLevels
     from metrale.fmt import number_text
 
     try:
         levels = ServeLevels.model_validate_json((directory / LEVELS_FILE).read_text())
-    except (OSError, ValueError):
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        logger.warning("%s: unreadable, no curves: %s", directory / LEVELS_FILE, exc)
         return []
     points = sorted(
         (lv for lv in levels.levels if lv.metrics.get("request_throughput")),

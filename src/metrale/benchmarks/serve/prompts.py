@@ -241,8 +241,9 @@ class Tokenizer:
             return None
         if not isinstance(data, dict):
             return None
-        if isinstance(data.get("count"), int):
-            return data["count"]
+        count = data.get("count")
+        if isinstance(count, int):
+            return count
         tokens = data.get("tokens")
         return len(tokens) if isinstance(tokens, list) else None
 

@@ -16,6 +16,7 @@ bwrap. `subprocess` is refused: a task needs its own image's file system. With `
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import ClassVar
 
 from metrale.benchmarks.terminal_bench import prepare as once
@@ -25,7 +26,7 @@ from metrale.rollout import RolloutBenchmark, RolloutRecord
 from metrale.runtime.base import RuntimeConfig
 
 
-def _num(key: str):  # type: ignore[no-untyped-def]
+def _num(key: str) -> Callable[[RolloutRecord], float | None]:
     def value(r: RolloutRecord) -> float | None:
         x = r.metrics.get(key)
         return None if x is None or isinstance(x, bool | str) else float(x)
@@ -33,7 +34,7 @@ def _num(key: str):  # type: ignore[no-untyped-def]
     return value
 
 
-def _flag(key: str, expect: object = True):  # type: ignore[no-untyped-def]
+def _flag(key: str, expect: object = True) -> Callable[[RolloutRecord], float]:
     return lambda r: 1.0 if r.metrics.get(key) == expect else 0.0
 
 
@@ -96,7 +97,8 @@ class TerminalBenchBenchmark(RolloutBenchmark):
         self.task_run = once.task_run(self.values, max_tokens=self.values["max_tokens"])
 
     def needs_model(self) -> bool:
-        return self.values.get("agent", "model") == "model"
+        agent: str = self.values.get("agent", "model")
+        return agent == "model"
 
     def task_metrics(self) -> list[Metric]:
         return list(METRICS)

@@ -23,6 +23,7 @@ import fcntl
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -32,12 +33,15 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from metrale.benchmarks.terminal_bench.task import HarborTask
 from metrale.errors import UsageError
 from metrale.runtime.configs import DEFAULT_IMAGE
 from metrale.runtime.docker import is_podman, run_bytes
 from metrale.runtime.procs import killpg
+
+logger = logging.getLogger(__name__)
 
 #: Base images that need no mapping: metrale's engine builds this one offline.
 BUILTIN_BASES = {"debian:bookworm": DEFAULT_IMAGE, "debian:12": DEFAULT_IMAGE}
@@ -107,7 +111,9 @@ def image_tag(task: HarborTask, digest: str) -> str:
     return f"metrale-task/{name}:{digest[:16]}"
 
 
-async def _cli(cli: str, *args: str, stdin: bytes | None = None, timeout: float = CLI_TIMEOUT_S):
+async def _cli(
+    cli: str, *args: str, stdin: bytes | None = None, timeout: float = CLI_TIMEOUT_S
+) -> tuple[int, bytes, str]:
     try:
         return await run_bytes([cli, *args], stdin=stdin, timeout=timeout)
     except TimeoutError:
@@ -116,7 +122,7 @@ async def _cli(cli: str, *args: str, stdin: bytes | None = None, timeout: float 
         return 127, b"", f"cannot run {cli!r}: {exc}"
 
 
-async def inspect(cli: str, image: str) -> dict | None:
+async def inspect(cli: str, image: str) -> dict[str, Any] | None:
     """The engine's record of `image`, or None when it is not there."""
     code, out, _ = await _cli(cli, "image", "inspect", image)
     if code != 0:
@@ -325,8 +331,12 @@ async def _export(tag: str, cli: str, target: Path) -> None:
     finally:
         shutil.rmtree(partial, ignore_errors=True)
         rm = ["rm", "-f", *(["-t", "0"] if is_podman(cli) else []), container]
-        with contextlib.suppress(Exception):
-            await _cli(cli, *rm)
+        try:
+            code, _, err = await _cli(cli, *rm)
+        except Exception as exc:  # must not hide why the export itself ended
+            code, err = -1, repr(exc)
+        if code != 0:  # labelled metrale.sandbox=1: 'metrale cleanup' removes it
+            logger.warning("container %s (an export of %s) not removed: %s", container, tag, err)
 
 
 async def finish_wait(proc: asyncio.subprocess.Process) -> None:

@@ -10,7 +10,7 @@ base image that is wrong is the user's mistake: `UsageError`, before any work.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from metrale.agent import DEFAULT_SYSTEM_PROMPT, AgentConfig
 from metrale.benchmarks.terminal_bench.agents import AGENTS
@@ -128,7 +128,7 @@ async def build(
     run: TaskRun,
     values: Mapping[str, Any],
     config: RuntimeConfig,
-    log: Callable[[str, str], None],
+    log: Callable[[str, Literal["info", "warn", "error"]], None],
 ) -> None:
     """The task's image (and for bwrap its exported root) onto `run`; a failed build is kept
     on `run.build_error`. Absent base images raise UsageError (nothing has started yet)."""

@@ -122,7 +122,7 @@ async def verify(
 
 
 def _with(exc: Exception, result: VerifierResult) -> Exception:
-    exc.result = result  # type: ignore[attr-defined]
+    exc.result = result  # type: ignore[attr-defined]  # the rollout reads getattr(exc, "result")
     return exc
 
 
