@@ -21,8 +21,8 @@ from metrale.endpoint.client import ClientOptions, Target
 from metrale.errors import UsageError
 from metrale.matrix.cellfile import CellResult, read_cell, read_records, summarize, write_cell
 from metrale.matrix.sweep import NO_RUNTIME, Cell, Sweep, resolve_runtime
-from metrale.plugin import Benchmark, canonical_id, get_benchmark
-from metrale.rollout.driver import STANDARD_AXES
+from metrale.plugin import Benchmark, Status, canonical_id, get_benchmark
+from metrale.plugin.params import STANDARD_AXES
 from metrale.runtime.base import RuntimeConfig
 from metrale.stats import Spread
 
@@ -178,7 +178,7 @@ def _completed_cell(out: Path, cell: Cell) -> CellResult | None:
         found = read_cell(path)
     except UsageError:
         return None
-    return found if found.status == "completed" else None
+    return found if found.status == Status.COMPLETED else None
 
 
 async def run_cell(cell: Cell, request: runner.RunRequest) -> CellResult:
@@ -200,7 +200,7 @@ async def run_cell(cell: Cell, request: runner.RunRequest) -> CellResult:
     try:
         outcome = await runner.run(request)
     except Exception as exc:  # the cell failed to run at all: record why and go on
-        base.status, base.error = "failed", _one_line(exc)
+        base.status, base.error = Status.FAILED, _one_line(exc)
         # e2e is the work phase as the benchmark clocked it; a run that raised never said it
         base.e2e_s = None
         assert request.out is not None
@@ -208,8 +208,8 @@ async def run_cell(cell: Cell, request: runner.RunRequest) -> CellResult:
     base.started_at = outcome.info.started_at
     base.params = {k: v for k, v in outcome.info.params.items() if k not in STANDARD_AXES}
     base.metrale_version = outcome.info.metrale_version
-    if outcome.result.status.value != "completed":
-        base.status, base.error = "failed", outcome.result.error or "run failed"
+    if outcome.result.status != Status.COMPLETED:
+        base.status, base.error = Status.FAILED, outcome.result.error or "run failed"
     if outcome.result.measured is not None:
         return base.with_summary(outcome.result.measured)
     assert request.out is not None
@@ -228,7 +228,7 @@ def cell_line(cell: CellResult) -> str:
     if total.n:
         unit = spread_unit([total])
         text += f"  total {total.cell(unit)} {unit}"
-    if cell.status == "failed":
+    if cell.status == Status.FAILED:
         text += f"  FAILED: {cell.error}"
     return text
 

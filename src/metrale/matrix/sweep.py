@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from metrale.errors import UsageError, read_user_file
-from metrale.rollout.driver import STANDARD_AXES
+from metrale.plugin.params import STANDARD_AXES
 from metrale.runtime.base import RuntimeConfig
 
 #: The runtime axis value that runs rollouts in metrale's process, with no sandbox.

@@ -9,7 +9,7 @@
 - `summary`: the standard metrics and the run's one summary.
 """
 
-from metrale.plugin.results import SUMMARY_STAGES
+from metrale.plugin.results import SUMMARY_STAGES, shown_stages
 from metrale.rollout.driver import RolloutBenchmark, bound_check
 from metrale.rollout.fds import (
     FD_RESERVE,
@@ -33,7 +33,6 @@ from metrale.rollout.summary import (
     ROLLOUT_METRICS,
     STAGE_METRICS,
     build_summary,
-    shown_stages,
     summarize_records,
 )
 

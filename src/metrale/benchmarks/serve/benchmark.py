@@ -44,8 +44,9 @@ from metrale.benchmarks.serve.prompts import (
     load_jsonl,
     synthetic,
 )
-from metrale.benchmarks.serve.table import levels_table, ms_text, num_text
+from metrale.benchmarks.serve.table import levels_table, ms_text
 from metrale.errors import UsageError
+from metrale.fmt import number_text
 from metrale.plugin import (
     BenchmarkResult,
     Descriptor,
@@ -313,9 +314,9 @@ class ServeBenchmark(BenchmarkBase):
             m = head.metrics
             summary = (
                 f"{len(levels)} level(s); {'knee ' if len(levels) > 1 else ''}{head.label}: "
-                f"{num_text(m.get('request_throughput'))} req/s, "
-                f"{num_text(m.get('output_throughput'))} tok/s, "
-                f"goodput {num_text(m.get('goodput'))}"
+                f"{number_text(m.get('request_throughput'))} req/s, "
+                f"{number_text(m.get('output_throughput'))} tok/s, "
+                f"goodput {number_text(m.get('goodput'))}"
             )
         return BenchmarkResult(
             status=Status.COMPLETED,
@@ -338,6 +339,7 @@ class ServeBenchmark(BenchmarkBase):
             return None
         records = self._records.get(head.index, [])
         return RunSummary(
+            declared=[m.declaration() for m in self.metrics()],
             unit="request",
             records=len(records),
             errors=sum(1 for r in records if not r.ok),
