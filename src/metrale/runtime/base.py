@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, Self, runtime_checkable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from metrale.errors import UsageError
 
@@ -58,6 +58,16 @@ class RuntimeConfig(BaseModel):
     pool: int = Field(default=0, ge=0)
     """Sandboxes started ahead of the rollouts that will use them, one each, never reused
     (0: none); the pool's start is the rollout's `pool_start`, not part of its setup."""
+    #: the config (as JSON) that last passed `check_runtime`, in this process: not saved
+    _checked_as: str | None = PrivateAttr(default=None)
+
+    @property
+    def checked_as(self) -> str | None:
+        return self._checked_as
+
+    @checked_as.setter
+    def checked_as(self, value: str | None) -> None:
+        self._checked_as = value
 
     def create(self, throttle: RateLimiter | None = None) -> Runtime:
         """A new, not yet started runtime of this config (its module imported only now)."""

@@ -307,10 +307,19 @@ def _resolve_ray_auto() -> str:
 
 def check_runtime(config: RuntimeConfig) -> None:
     """Fail fast, before any rollout, when this machine cannot provide the runtime at all
-    (bwrap missing or user namespaces off, no docker engine, ray not installed): UsageError."""
-    if type(config) is RuntimeConfig:
-        config = parse_runtime_config(config.model_dump())
-    config.check()
+    (bwrap missing or user namespaces off, no docker engine, ray not installed): UsageError.
+
+    A config that passed is not checked again while it is unchanged: the CLI, the benchmark and
+    the rollout engine each make sure of the runtime before their work, and a docker check
+    probes the engine (a process and a round trip each time)."""
+    checked_as = config.model_dump_json()
+    if config.checked_as == checked_as:
+        return
+    concrete = config
+    if type(config) is RuntimeConfig:  # read back from JSON without its class
+        concrete = parse_runtime_config(config.model_dump())
+    concrete.check()
+    config.checked_as = concrete.checked_as = checked_as
 
 
 def _engine_probe(argv: list[str], what: str) -> subprocess.CompletedProcess[str]:
