@@ -8,8 +8,9 @@ or files: `matrix`, `report`, `compare`, `plot` and budgets read only the declar
 (`parameters`, `sweep_axes`, `metrics`, `options`) and the run's `RunSummary`.
 
 Rollout benchmarks get all of this from `metrale.rollout.RolloutBenchmark`; serve, which is not
-rollout-shaped, from `metrale.rollout.BenchmarkBase`. This package does no I/O beyond reading
-entry points, and imports neither the endpoint nor the runtime layer.
+rollout-shaped, from `metrale.plugin.lifecycle.BenchmarkBase` (the lifecycle every benchmark
+shares, which `RolloutBenchmark` builds on). This package does no I/O beyond reading entry
+points; only `lifecycle` reaches below it, opening the chat client when a run calls a model.
 """
 
 from __future__ import annotations

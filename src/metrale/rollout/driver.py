@@ -35,7 +35,7 @@ from metrale.plugin import (
     Verdict,
     shown_stages,
 )
-from metrale.rollout.lifecycle import BenchmarkBase
+from metrale.plugin.lifecycle import BenchmarkBase
 from metrale.rollout.pool import Progress, RolloutPlan, run_rollouts
 from metrale.rollout.records import RolloutRecord, RolloutTask
 from metrale.rollout.summary import ROLLOUT_METRICS, build_summary, sampled

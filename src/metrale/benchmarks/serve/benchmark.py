@@ -56,7 +56,7 @@ from metrale.plugin import (
     RunSummary,
     Status,
 )
-from metrale.rollout import BenchmarkBase
+from metrale.plugin.lifecycle import BenchmarkBase
 from metrale.stats import percentile
 
 
