@@ -7,7 +7,8 @@
 - `BenchmarkBase`, the load / next / cleanup shape every benchmark shares, is the contract's
   (`metrale.plugin.lifecycle`), re-exported here;
 - `driver`: `RolloutBenchmark`, what a rollout benchmark subclasses;
-- `summary`: the standard metrics and the run's one summary.
+- `summary`: the standard metrics and the run's one summary;
+- `teardown`: `finish`, the await that completes a stop whatever cancels it.
 """
 
 from metrale.plugin.lifecycle import BackgroundRun, BenchmarkBase
@@ -19,7 +20,7 @@ from metrale.rollout.fds import (
     FDS_PER_SANDBOXED_ROLLOUT,
     fd_concurrency_cap,
 )
-from metrale.rollout.pool import Progress, RolloutPlan, finish, run_rollouts
+from metrale.rollout.pool import Progress, RolloutPlan, run_rollouts
 from metrale.rollout.records import (
     STAGES,
     ErrorInfo,
@@ -36,6 +37,7 @@ from metrale.rollout.summary import (
     build_summary,
     summarize_records,
 )
+from metrale.rollout.teardown import finish
 
 __all__ = [
     "FDS_PER_ROLLOUT",
