@@ -74,7 +74,7 @@ def serve_curves(directory: Path) -> list[dict[str, Any]]:
     """The same curves as `plot_serve`, as data for the HTML report (`plugin.CurvesRuns`):
     TTFT and TPOT p50/p90 (ms) and goodput against each level's achieved request throughput,
     the knee marked; none when the directory has no levels file or no level completed."""
-    from metrale.benchmarks.serve.benchmark import LEVELS_FILE, ServeLevels
+    from metrale.benchmarks.serve.params import LEVELS_FILE, ServeLevels
     from metrale.fmt import number_text
 
     try:
