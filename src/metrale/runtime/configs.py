@@ -175,7 +175,7 @@ class RayConfig(RuntimeConfig):
     def create(self, throttle: RateLimiter | None = None) -> Runtime:
         from metrale.runtime.ray import RayRuntime
 
-        return RayRuntime(self, throttle)
+        return RayRuntime(self, throttle, make_inner=runtime_from_dict)
 
     def check(self) -> None:
         try:
@@ -257,6 +257,11 @@ def create_runtime(config: RuntimeConfig, *, throttle: RateLimiter | None = None
     if type(config) is RuntimeConfig:  # read back from JSON without its class: pick by type
         config = parse_runtime_config(config.model_dump())
     return config.create(throttle)
+
+
+def runtime_from_dict(data: dict[str, Any]) -> Runtime:
+    """A runtime from its config read back as a dict (the ray actor's inner sandbox)."""
+    return create_runtime(parse_runtime_config(data))
 
 
 def runtime_factory(

@@ -16,13 +16,15 @@ import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import ray
 
-from metrale.runtime.base import ProgramResult, RuntimeBase, RuntimeStartError, Throttle
-from metrale.runtime.configs import RayConfig
+from metrale.runtime.base import ProgramResult, Runtime, RuntimeBase, RuntimeStartError, Throttle
+
+if TYPE_CHECKING:  # its config, for types only: configs creates this runtime
+    from metrale.runtime.configs import RayConfig
 
 NAMESPACE = "metrale"
 
@@ -31,10 +33,8 @@ NAMESPACE = "metrale"
 class SandboxActor:
     """Holds one inner runtime on whichever node Ray placed this actor."""
 
-    def __init__(self, inner: dict[str, Any]) -> None:
-        from metrale.runtime.configs import create_runtime, parse_runtime_config
-
-        self.runtime = create_runtime(parse_runtime_config(inner))
+    def __init__(self, inner: dict[str, Any], make: Callable[[dict[str, Any]], Runtime]) -> None:
+        self.runtime = make(inner)
 
     async def start(self) -> str:
         await self.runtime.start()
@@ -138,8 +138,17 @@ def _stop_private_cluster(temp: str, saved: dict[str, str | None]) -> None:
 class RayRuntime(RuntimeBase):
     config: RayConfig
 
-    def __init__(self, config: RayConfig, throttle: Throttle | None = None) -> None:
+    def __init__(
+        self,
+        config: RayConfig,
+        throttle: Throttle | None = None,
+        *,
+        make_inner: Callable[[dict[str, Any]], Runtime],
+    ) -> None:
+        """`make_inner` builds the inner runtime from its config's dict, on the actor's node
+        (Ray sends the function by reference: `configs.runtime_from_dict`)."""
         super().__init__(config, throttle)
+        self._make_inner = make_inner
         self.actor: Any = None
         #: the Ray node the sandbox was placed on, once started
         self.node_id: str | None = None
@@ -156,7 +165,9 @@ class RayRuntime(RuntimeBase):
         options: dict[str, Any] = {"num_cpus": self.config.actor_cpus}
         if self.config.spread:
             options["scheduling_strategy"] = "SPREAD"
-        self.actor = SandboxActor.options(**options).remote(self.config.inner.model_dump())
+        self.actor = SandboxActor.options(**options).remote(
+            self.config.inner.model_dump(), self._make_inner
+        )
         try:
             self.node_id = await self.actor.start.remote()
         except Exception as exc:
@@ -167,16 +178,15 @@ class RayRuntime(RuntimeBase):
             raise RuntimeError("ray runtime is not started")
         return self.actor
 
-    async def run(
+    async def execute(
         self,
-        command: str | Sequence[str],
+        argv: list[str],
         *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        timeout: float | None,
     ) -> ProgramResult:
-        cmd = command if isinstance(command, str) else list(command)
-        raw = await self._require().run.remote(cmd, dict(env or {}) or None, cwd, timeout)
+        raw = await self._require().run.remote(argv, dict(env or {}) or None, cwd, timeout)
         return ProgramResult.model_validate(raw)
 
     async def read(self, path: str) -> bytes:
