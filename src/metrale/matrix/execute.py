@@ -14,17 +14,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from metrale import runner
-from metrale.endpoint.client import ClientOptions, Target
 from metrale.errors import UsageError
 from metrale.matrix.cellfile import CellResult, read_cell, read_records, summarize, write_cell
-from metrale.matrix.sweep import NO_RUNTIME, Cell, Sweep, resolve_runtime
+from metrale.matrix.sweep import NO_RUNTIME, Cell, Sweep
 from metrale.plugin import Benchmark, Status, canonical_id, get_benchmark
 from metrale.plugin.params import STANDARD_AXES
-from metrale.runtime.base import RuntimeConfig
 from metrale.stats import Spread
+
+if TYPE_CHECKING:  # types only: the runner is what runs a cell there
+    from metrale.endpoint.client import ClientOptions, Target
+    from metrale.runtime.base import RuntimeConfig
 
 
 @dataclass
@@ -97,7 +99,7 @@ def _plan_runtimes(sweep: Sweep, bench: Benchmark) -> dict[str, RuntimeConfig | 
         sweep.runtimes = [default.type]
     runtimes: dict[str, RuntimeConfig | None] = {}
     for name in sweep.runtimes:
-        config = resolve_runtime(name, sweep.runtime_options.get(name, {}))
+        config = runner.resolve_runtime(name, sweep.runtime_options.get(name, {}), NO_RUNTIME)
         if config is None and default is not None:
             raise UsageError(
                 f"{sweep.benchmark} needs a runtime, so --runtime none does not apply; "
@@ -137,7 +139,6 @@ async def run_sweep(
     held.
     """
     todo = list(plan.cells if cells is None else cells)
-    options = client_options or ClientOptions()
     checked: set[str] = set()
     results = []
     for i, cell in enumerate(todo, 1):
@@ -152,7 +153,7 @@ async def run_sweep(
             benchmark=plan.sweep.benchmark,
             params=cell_params(cell),
             target=target,
-            client_options=options,
+            **({"client_options": client_options} if client_options is not None else {}),
             runtime=plan.runtimes[cell.runtime],
             runtime_retries=runtime_retries,
             out=plan.sweep.out / "runs" / cell.name,
