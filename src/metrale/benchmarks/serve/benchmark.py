@@ -276,7 +276,7 @@ class ServeBenchmark(BenchmarkBase):
         result.done = len(state.measured)
         result.total = state.spec.measure.count
         result.summary = (
-            f"{state.recent_rate(now):.1f} req/s · in flight {state.in_flight} · "
+            f"{number_text(state.recent_rate(now))} req/s · in flight {state.in_flight} · "
             f"measured {len(state.measured)} · "
             f"TTFT p50/p90 {ms_text(ttft, 50)}/{ms_text(ttft, 90)} ms · "
             f"TPOT p50/p90 {ms_text(tpots, 50)}/{ms_text(tpots, 90)} ms · errors {errors}"
@@ -364,8 +364,8 @@ class ServeBenchmark(BenchmarkBase):
         for lv in levels:
             lag = lv.metrics.get("sched_lag_ms_p99", lv.metrics.get("sched_lag_ms_max"))
             if lag is not None and lag > 5.0:
-                self._log("warn", f"{lv.label}: client scheduling lag p99 {lag:.1f} ms > 5 ms; "
-                          "the client, not the server, may be limiting this level")  # fmt: skip
+                text = f"{lv.label}: client scheduling lag p99 {number_text(lag)} ms > 5 ms"
+                self._log("warn", text + "; the client, not the server, may be limiting this level")
         if not self.slos and len(levels) > 1:
             self._log("info", "no --slo given: goodput equals throughput, the knee is saturation")
 
