@@ -92,7 +92,7 @@ class PlainView:
 
     def snapshot(self, result: BenchmarkResult) -> None:
         key = f"[{result.phase}] {result.summary}"
-        text = f"{key}  ({clock_text(result.elapsed_s)})"
+        text = f"{key}  ({result.elapsed_s:.1f} s)"
         self._write(text, force=result.status is not Status.RUNNING, key=key)
 
     def log(self, line: LogLine) -> None:
