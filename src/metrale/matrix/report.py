@@ -1,5 +1,6 @@
-"""The sweep table and its exports: one row per cell, from the cells' summaries and the
-benchmark's declarations.
+"""The sweep table and its exports: one row per cell, from the cells' summaries and the metric
+declarations stored with them (`RunSummary.declared`; the installed benchmark's only for a file
+written before they were stored).
 
 The table (Markdown or plain): `cell  conc  e2e (s)  err  rew`, then for rollout benchmarks
 the stages `setup  generation  scoring  total` as `p50 (p10–p90)` (with `pool_start`,
