@@ -143,12 +143,18 @@ def test_budgets_decide_the_exit_code(sim, tmp_path: Path) -> None:
     assert proc.returncode == 1 and "FAIL errors" in proc.stdout
 
 
-def test_api_key_is_sent_from_the_environment(sim, tmp_path: Path) -> None:
+def test_api_key_is_sent_from_the_environment(sim_factory, tmp_path: Path) -> None:
+    """Against a sim that answers 401 without the key: the run passes only if the key from
+    OPENAI_API_KEY is sent, and without it the same run fails."""
+    s = sim_factory("--require-api-key", "sk-test")
+    args = ["run", "gsm8k", "--target", s.url, "--rollouts", "1", "--no-preflight"]
     env = {**os.environ, "OPENAI_API_KEY": "sk-test"}
-    proc = run_cli(
-        ["run", "gsm8k", "--target", sim.url, "--rollouts", "1", "--out", str(tmp_path)], env=env
-    )
-    assert proc.returncode == 0
+    proc = run_cli([*args, "--out", str(tmp_path / "with")], env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert [r["error"] for r in read_records(tmp_path / "with")] == [None]
+    env.pop("OPENAI_API_KEY")
+    proc = run_cli([*args, "--out", str(tmp_path / "without")], env=env)
+    assert proc.returncode != 0
 
 
 def test_interrupt_keeps_every_finished_rollout(sim_factory, tmp_path: Path) -> None:

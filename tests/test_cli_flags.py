@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -109,6 +110,40 @@ def test_top_level_help_describes_the_tool() -> None:
     assert "examples:" in proc.stdout and "metrale matrix gsm8k" in proc.stdout
     for command in ("run", "list", "matrix", "report", "plot", "compare", "sim", "exec"):
         assert f"    {command} " in proc.stdout, command
+
+
+def test_top_level_help_names_every_installed_benchmark() -> None:
+    """The epilog comes from the entry points, so a benchmark added later is in it."""
+    from importlib.metadata import entry_points
+
+    installed = {ep.name for ep in entry_points(group="metrale.benchmarks")}
+    assert {"gsm8k", "serve", "agentic_webserver", "terminal_bench"} <= installed
+    proc = run_cli(["--help"])
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("benchmarks:"))
+    assert set(line.removeprefix("benchmarks:").split(";")[0].replace(",", " ").split()) == (
+        installed
+    )
+
+
+@pytest.mark.parametrize("argv", [["run", "gsm8k", "--help"], ["run", "gsm8k", "--rollouts", "0"]])
+def test_a_run_imports_only_the_benchmark_it_runs(argv: list[str]) -> None:
+    """Naming the benchmark on the command line loads its module and no other's (the others
+    cost start-up: serve's HTTP client alone was ~80 ms)."""
+    code = (
+        "import sys\n"
+        "from metrale.cli import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(sorted({m.split('.')[2] for m in sys.modules\n"
+        "              if m.startswith('metrale.benchmarks.')}))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "['gsm8k']"
 
 
 def test_list_aligns_its_columns() -> None:

@@ -107,3 +107,34 @@ def test_signed_texts() -> None:
 )
 def test_clock(s: float | None, text: str) -> None:
     assert clock_text(s) == text
+
+
+def test_every_table_writes_numbers_as_fmt_does() -> None:
+    """One formatter: serve's level table, the generic table renderer, a verdict line and the
+    agentic and terminal_bench summaries write a value as `metrale.fmt` does (0.000015, not
+    1.5e-05; 0.123, not 0.12)."""
+    from metrale.benchmarks.agentic_webserver.benchmark import AgenticWebserverBenchmark
+    from metrale.benchmarks.serve.params import LevelSummary
+    from metrale.benchmarks.serve.table import levels_table
+    from metrale.benchmarks.terminal_bench.benchmark import TerminalBenchBenchmark
+    from metrale.plugin import RunSummary, check_bounds
+    from metrale.table import render
+
+    tiny, odd = 1.5e-05, 0.1234
+    level = LevelSummary(
+        index=0,
+        label="c=1",
+        metrics={"request_throughput": tiny, "goodput": odd, "ttft_ms_p50": tiny},
+    )
+    [row] = levels_table([level], None, [50.0, 90.0]).rows
+    assert row[1] == "0.000015" and row[4] == "0.000015" and "0.123" in row
+    assert render(["x"], [[tiny]]).splitlines()[-1] == "0.000015"
+    assert check_bounds({"m": tiny}, {"m_max": 1}).lines() == ["PASS m = 0.000015 (must be <= 1)"]
+    summary = RunSummary(records=3, e2e_s=0.0123, reward_mean=odd, metrics={"s_per_turn": odd})
+    agentic_bench = object.__new__(AgenticWebserverBenchmark)
+    agentic = AgenticWebserverBenchmark.summary_text(agentic_bench, summary)
+    assert "s/turn 0.123" in agentic and "e2e 12.3 ms" in agentic
+    terminal = object.__new__(TerminalBenchBenchmark)
+    terminal.task_run = None
+    text = TerminalBenchBenchmark.summary_text(terminal, summary)
+    assert "reward 0.123" in text and "e2e 12.3 ms" in text

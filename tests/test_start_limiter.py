@@ -7,10 +7,11 @@ import asyncio
 
 import pytest
 
+from metrale.plugin import shown_stages
 from metrale.rollout.limiter import StartLimiter, default_start_limit
 from metrale.rollout.pool import Progress, RolloutPlan, run_rollouts
 from metrale.rollout.records import RolloutContext
-from metrale.rollout.summary import ROLLOUT_METRICS, build_summary, shown_stages
+from metrale.rollout.summary import ROLLOUT_METRICS, build_summary
 
 
 class SlowStart:

@@ -19,16 +19,17 @@ import contextlib
 import json
 import os
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import orjson
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from metrale.errors import RecordWriteError, UsageError, read_user_file
-from metrale.plugin import RunSummary
+from metrale.plugin import Metric, RunSummary
+from metrale.rollout import ROLLOUT_METRICS, RolloutRecord, summarize_records
 
 #: Files a run writes; an existing directory with any of them belongs to an earlier run.
 RUN_FILES = (
@@ -313,3 +314,42 @@ def dump_summary(summary: RunSummary, f: BinaryIO) -> None:
             f.write(b"]")
         f.write(b"}")
     f.write(b"}\n")
+
+
+def read_records(path: Path) -> list[RolloutRecord]:
+    """The rollout records of a run directory; a torn last line (a crash mid-write) is skipped."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return []
+    records = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(RolloutRecord.model_validate_json(line))
+        except ValidationError:
+            if i == len(lines) - 1:
+                break
+            raise UsageError(f"{path}:{i + 1} is not a rollout record") from None
+    return records
+
+
+def installed_metrics(benchmark: str) -> list[Metric]:
+    """The metrics `benchmark` declares as installed now, or the standard rollout ones when it
+    is not installed: what a summary that stores no declarations (schema 1) is read with, and
+    what a run's records are summarized by."""
+    from metrale.plugin import get_benchmark
+
+    try:
+        return get_benchmark(benchmark)().metrics()
+    except UsageError:
+        return list(ROLLOUT_METRICS)
+
+
+def summarize_run_records(
+    records: Sequence[RolloutRecord], benchmark: str, e2e_s: float | None
+) -> RunSummary:
+    """The summary of a run whose result was never written (a crashed cell), from its records
+    and `benchmark`'s declared metrics (`installed_metrics`)."""
+    return summarize_records(records, installed_metrics(benchmark), e2e_s)

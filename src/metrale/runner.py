@@ -289,3 +289,41 @@ def exit_code(result: BenchmarkResult) -> int:
     if rollouts and errors == rollouts:
         return EXIT_RUN_FAILED
     return EXIT_VERDICT_FAILED if result.verdict.passed is False else EXIT_OK
+
+
+def resolve_runtime(
+    name: str, options: Mapping[str, Any], no_runtime: str = "none"
+) -> RuntimeConfig | None:
+    """The checked runtime config a runtime name and its options (a sweep's runtime axis value)
+    give; `no_runtime` runs in-process, no sandbox.
+
+    `metrale.runtime.configs` is imported here, not at module top, so that a build without it
+    still sweeps `none`. A runtime this machine cannot provide at all (no bwrap, no docker
+    engine) is a usage error before any cell runs, not eight failed cells.
+    """
+    if name == no_runtime:
+        if options:
+            raise UsageError("runtime none takes no options")
+        return None
+    try:
+        from metrale.runtime import configs
+    except ImportError:
+        raise UsageError(
+            f"unknown runtime {name!r}; accepted: {no_runtime} (no runtimes are installed)"
+        ) from None
+    known = getattr(configs, "RUNTIMES", ())
+    if known and name not in known:
+        raise UsageError(f"unknown runtime {name!r}; accepted: {', '.join((no_runtime, *known))}")
+    try:
+        config = configs.runtime_config(name, **options)
+        check = getattr(configs, "check_runtime", None)
+        if check is not None:
+            check(config)
+    except UsageError:
+        raise
+    except ImportError as exc:
+        raise UsageError(f"runtime {name} is not available in this build ({exc.name})") from None
+    except (ValueError, TypeError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"runtime {name}: {first}") from None
+    return config

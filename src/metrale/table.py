@@ -6,6 +6,8 @@ import csv
 import io
 from collections.abc import Sequence
 
+from metrale.fmt import sig
+
 
 def render(columns: Sequence[str], rows: Sequence[Sequence[object]], style: str = "plain") -> str:
     """Render rows under column headers as `plain` (aligned), `markdown` or `csv` text."""
@@ -41,5 +43,5 @@ def _text(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+        return sig(value)
     return str(value)

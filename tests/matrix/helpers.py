@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 from metrale.matrix.cellfile import CellResult
+from metrale.plugin import get_benchmark
 
 
 def make_cell(
@@ -33,6 +34,8 @@ def make_cell(
     total = sorted(a + b + c for a, b, c in zip(setup, generation, scoring, strict=True))
     rewards = sorted(1.0 if rng.random() < reward_p else 0.0 for _ in range(n))
     return CellResult(
+        # as `matrix` writes it: with the declarations of the metrics its numbers are
+        declared=[m.declaration() for m in get_benchmark("gsm8k")().metrics()],
         cell=name,
         benchmark="gsm8k",
         runtime=runtime,

@@ -40,3 +40,11 @@ def test_cells_read_in_sweep_order(tmp_path: Path) -> None:
         write_cell(tmp_path, make_cell(name, runtime=rt, rollouts=r, max_concurrent=c))
     names = [c.cell for c in read_cells(tmp_path)]
     assert names == ["bwrap-r4", "bwrap-r8", "bwrap-r8-c2", "subprocess-r8"]
+
+
+def test_a_cells_status_is_the_status_enum(tmp_path: Path) -> None:
+    from metrale.plugin import Status
+
+    path = write_cell(tmp_path, make_cell("none-r64", status="failed", error="boom"))
+    assert read_cell(path).status is Status.FAILED
+    assert json.loads(path.read_text())["status"] == "failed"

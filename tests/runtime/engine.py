@@ -1,10 +1,14 @@
 """Finding the container engine for the docker tests: DOCKER_HOST (or the CLI's default) when
 an engine answers there, else the one scripts/container-engine.sh reports as up (its `status`
 prints the exports, applied here to this test process). Locally a missing engine skips with the
-reason; in CI (CI=true, where .ci/run brings the engine up) it fails."""
+reason; in CI (CI=true, where .ci/run brings the engine up) it fails.
+
+Nothing runs on import: collecting the suite must not call `docker` or start the engine's
+script; the first test that needs the engine asks, and the answer is kept for the session."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -31,7 +35,9 @@ def _answers() -> str | None:
     return None
 
 
-def _find() -> str | None:
+@functools.cache
+def engine_problem() -> str | None:
+    """Why there is no engine to test against, or None when there is one (asked once)."""
     if shutil.which("docker") is None:
         return "no docker CLI on PATH"
     why = _answers()
@@ -49,15 +55,12 @@ def _find() -> str | None:
     return _answers()
 
 
-NO_ENGINE = _find()
-IN_CI = os.environ.get("CI", "").lower() == "true"
-
-
 def require_engine() -> None:
     """Skip (locally) or fail (in CI) when there is no engine to test against."""
-    if NO_ENGINE is not None:
-        message = f"no container engine ({NO_ENGINE}); bring one up: bash {SCRIPT} up"
-        if IN_CI:
+    problem = engine_problem()
+    if problem is not None:
+        message = f"no container engine ({problem}); bring one up: bash {SCRIPT} up"
+        if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"CI must run the docker tests: {message}")
         pytest.skip(message)
 

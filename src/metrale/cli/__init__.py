@@ -42,8 +42,7 @@ Sweep the same work over runtimes (subprocess, bwrap, docker, ray), rollout coun
 concurrency, one results file per cell."""
 
 EPILOG = """\
-benchmarks: gsm8k (single-turn math), agentic_webserver (a multi-turn shell agent in a
-sandbox), serve (an endpoint under load); 'metrale list' shows them all with their parameters,
+benchmarks: {benchmarks}; 'metrale list' shows each with its parameters,
 'metrale run BENCH --help' one benchmark's parameters.
 
 examples:
@@ -54,6 +53,15 @@ examples:
   metrale compare results/before results/after
 
 exit codes: 0 done, 1 verdict failed, 2 usage error, 3 run failed."""
+
+
+def epilog() -> str:
+    """The help's epilog, naming every installed benchmark from its entry point (no import:
+    a written list went stale when terminal_bench was added)."""
+    from metrale.plugin import benchmark_ids
+
+    return EPILOG.format(benchmarks=", ".join(benchmark_ids()) or "(none installed)")
+
 
 #: the commands whose flags include a benchmark's parameters (`bench_flags`)
 BENCH_COMMANDS = ("run", "matrix")
@@ -66,7 +74,7 @@ def build_parser(bench: type[Benchmark] | None = None) -> Parser:
     parser = Parser(
         prog="metrale",
         description=DESCRIPTION,
-        epilog=EPILOG,
+        epilog=epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"metrale {__version__}")
@@ -89,7 +97,7 @@ def peek_benchmark(argv: Sequence[str]) -> type[Benchmark] | None:
     that the parse (and `--help`) knows its parameter flags: the positional id, else the run
     directory of `--resume`, else the sweep file of `--config`. None when there is none; the
     real parse then reports what is wrong."""
-    from metrale.plugin import canonical_id, discover
+    from metrale.plugin import benchmark_ids, canonical_id, get_benchmark
 
     tokens = [t for t in argv if t not in ("-h", "--help", "--version")]
     while tokens and re.fullmatch(r"-v+|--verbose", tokens[0]):  # the top-level -v, -vv
@@ -100,9 +108,9 @@ def peek_benchmark(argv: Sequence[str]) -> type[Benchmark] | None:
         args, _ = build_parser().parse_known_args(tokens)
     except (MetraleError, SystemExit):
         return None
-    found = discover()
+    installed = benchmark_ids()  # names only: importing every benchmark would slow each run
     name = getattr(args, "benchmark", None)
-    if name is None or canonical_id(name) not in found:
+    if name is None or canonical_id(name) not in installed:
         name = None
         if args.command == "run" and args.resume is not None:
             from metrale.rundir import run_benchmark_id
@@ -110,7 +118,9 @@ def peek_benchmark(argv: Sequence[str]) -> type[Benchmark] | None:
             name = run_benchmark_id(args.resume)
         elif args.command == "matrix" and args.config is not None:
             name = _sweep_file_benchmark(args.config)
-    return found.get(canonical_id(name)) if name else None
+    if not name or canonical_id(name) not in installed:
+        return None
+    return get_benchmark(name)
 
 
 def _sweep_file_benchmark(path: Path) -> str | None:

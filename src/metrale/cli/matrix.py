@@ -16,7 +16,7 @@ from metrale.cli.parsing import no_extra, out_dir
 from metrale.cli.runtime_flags import NO_RUNTIME, add_runtime_args, runtime_options, shaping_flags
 from metrale.cli.target import add_target_args, client_options, open_target
 from metrale.errors import UsageError
-from metrale.rollout.driver import STANDARD_AXES
+from metrale.plugin.params import STANDARD_AXES
 
 if TYPE_CHECKING:
     from metrale.endpoint.client import Target

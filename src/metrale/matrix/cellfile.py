@@ -13,14 +13,17 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from metrale import __version__
 from metrale.errors import UsageError
-from metrale.plugin import RunSummary
-from metrale.rollout import ROLLOUT_METRICS, RolloutRecord, summarize_records
+from metrale.plugin import SCHEMA_VERSION, RunSummary, Status
+from metrale.rundir import installed_metrics, read_records, summarize_run_records
+
+if TYPE_CHECKING:
+    from metrale.rollout import RolloutRecord
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +47,7 @@ class CellResult(RunSummary):
     model: str = ""
     metrale_version: str = __version__
     started_at: str = ""
-    status: Literal["completed", "failed"] = "completed"
+    status: Status = Status.COMPLETED  # completed or failed: a cell file is final
     error: str | None = None
     run_dir: str | None = None
 
@@ -70,38 +73,21 @@ class CellResult(RunSummary):
         return (self.tier or "", self.runtime, self.rollouts or 0, conc, self.cell)
 
     def with_summary(self, summary: RunSummary) -> CellResult:
-        """This cell with `summary`'s numbers."""
-        return self.model_copy(update=summary.model_dump())
+        """This cell with `summary`'s numbers and declarations."""
+        return self.model_copy(update={**summary.model_dump(), "declared": summary.declared})
 
 
 def summarize(records: Sequence[RolloutRecord], cell: CellResult) -> CellResult:
     """Fill the numbers of `cell` from the records of its run (declared metrics included)."""
-    from metrale.plugin import get_benchmark
-
-    try:
-        metrics = get_benchmark(cell.benchmark)().metrics()
-    except UsageError:  # a benchmark no longer installed: the standard metrics only
-        metrics = list(ROLLOUT_METRICS)
-    return cell.with_summary(summarize_records(records, metrics, cell.e2e_s))
+    return cell.with_summary(summarize_run_records(records, cell.benchmark, cell.e2e_s))
 
 
-def read_records(path: Path) -> list[RolloutRecord]:
-    """The rollout records of a run directory; a torn last line (a crash mid-write) is skipped."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return []
-    records = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            records.append(RolloutRecord.model_validate_json(line))
-        except ValidationError:
-            if i == len(lines) - 1:
-                break
-            raise UsageError(f"{path}:{i + 1} is not a rollout record") from None
-    return records
+def with_declarations(cell: CellResult) -> CellResult:
+    """A cell read from a file that stores no declarations (schema 1), with the ones its
+    benchmark as installed today makes (what every reader used before files carried them)."""
+    if not cell.declared:
+        cell.declared = [m.declaration() for m in installed_metrics(cell.benchmark)]
+    return cell
 
 
 def write_cell(out_dir: Path, cell: CellResult) -> Path:
@@ -110,6 +96,7 @@ def write_cell(out_dir: Path, cell: CellResult) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"{cell.cell}.json"
     data = cell.model_dump(mode="json")
+    data["schema_version"] = SCHEMA_VERSION  # with declarations: read ones are filled in
     if data["max_concurrent"] is None:
         del data["max_concurrent"]
     tmp = out_dir / f".{cell.cell}.json.{os.getpid()}.tmp"
@@ -129,8 +116,8 @@ def read_cell(path: Path) -> CellResult:
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read {path}: {exc}") from None
     try:
-        return CellResult.model_validate_json(text)
-    except ValidationError:
+        return with_declarations(CellResult.from_file_data(json.loads(text), path))
+    except ValueError:  # not JSON, or not a cell (a ValidationError is one)
         raise UsageError(f"{path} is not a metrale cell file (from 'metrale matrix')") from None
 
 
@@ -187,13 +174,14 @@ def cell_from_run_dir(run_dir: Path) -> CellResult:
         try:
             outcome = json.loads(result_path.read_text(encoding="utf-8"))
             result = outcome.get("result") or {}
-            if result.get("status") == "failed":
-                cell.status, cell.error = "failed", result.get("error")
+            if result.get("status") == Status.FAILED:
+                cell.status, cell.error = Status.FAILED, result.get("error")
             cell.e2e_s = (result.get("metrics") or {}).get("e2e_s")  # the work, not the wall
             summary = run_dir / "summary.json"
             if summary.is_file():
-                return cell.with_summary(RunSummary.model_validate_json(summary.read_bytes()))
-        except (OSError, ValueError) as exc:
+                found = RunSummary.from_file_data(json.loads(summary.read_bytes()), summary)
+                return with_declarations(cell.with_summary(found))
+        except (OSError, ValueError) as exc:  # a newer file's UsageError is not one: it is said
             why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             logger.warning("%s: unreadable result (%s): summarised from its records", run_dir, why)
     return summarize(read_records(run_dir / "rollouts.jsonl"), cell)

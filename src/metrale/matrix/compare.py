@@ -3,7 +3,8 @@
 Each row compares one declared metric of two cells (B − A) with a percentile-bootstrap 95%
 interval (`metrale.stats.bootstrap_diff`, 2,000 resamples, fixed seed so that the same inputs
 always give the same output). The metrics, their statistic and direction are the benchmark's
-declarations (`plugin.Metric`): for a rollout benchmark the stage p50s (`setup`, `generation`,
+declarations as the cells' files store them (`RunSummary.declared`, not the benchmark installed
+now): for a rollout benchmark the stage p50s (`setup`, `generation`,
 `scoring`, `total`), `reward_mean`, `error_rate`, ... and its own; for serve TTFT, TPOT, ITL,
 E2E percentiles and the throughputs. The samples are the cells' summaries'.
 
@@ -32,8 +33,7 @@ from metrale.matrix.cellfile import (
     read_cells,
 )
 from metrale.matrix.report import declared_metrics
-from metrale.plugin import Metric, find_metric
-from metrale.rollout import ROLLOUT_METRICS
+from metrale.plugin import SUMMARY_STAGES, Metric, find_metric
 from metrale.stats import bootstrap_diff
 from metrale.table import render
 
@@ -73,8 +73,8 @@ def verdict(
 
 
 def metrics_of(cell: CellResult) -> list[Metric]:
-    """The metrics `cell`'s benchmark declares (the standard rollout ones if it is gone)."""
-    return declared_metrics([cell]) or list(ROLLOUT_METRICS)
+    """The metrics `cell`'s file declares (`CellResult.declared`)."""
+    return declared_metrics([cell])
 
 
 def pick_metrics(metrics: Sequence[Metric], names: Sequence[str], benchmark: str) -> list[Metric]:
@@ -211,7 +211,9 @@ def render_comparison(result: Comparison, style: str = "plain") -> str:
 
 
 def _units(result: Comparison) -> dict[str, str]:
-    return {m.name: m.unit for m in (*ROLLOUT_METRICS, *result.metrics)}
+    """Each row's unit: the declared one; a summary stage is seconds by the summary's own
+    definition (`RunSummary.durations`), declared or not."""
+    return {**dict.fromkeys(SUMMARY_STAGES, "s"), **{m.name: m.unit for m in result.metrics}}
 
 
 def _duration(x: float | None, signed: bool = False) -> str:

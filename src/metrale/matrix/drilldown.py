@@ -13,13 +13,16 @@ from collections import Counter
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from metrale.errors import UsageError
 from metrale.fmt import duration_text, number_text
-from metrale.matrix.cellfile import CellResult, read_records
-from metrale.plugin import SUMMARY_STAGES
-from metrale.rollout import RolloutRecord
+from metrale.matrix.cellfile import CellResult
+from metrale.plugin import SUMMARY_STAGES, Status
+from metrale.rundir import read_records
+
+if TYPE_CHECKING:
+    from metrale.rollout import RolloutRecord
 
 TRANSCRIPTS_DIR = "transcripts"
 
@@ -62,7 +65,7 @@ def drilldown_html(cell: CellResult, run_dir: Path | None, limits: Limits = Limi
         where = escape(str(run_dir / "rollouts.jsonl"))
         return f'<p class="err">cannot read {where}: {escape(str(exc))}</p>'
     parts = [f'<p class="note">run directory: {escape(str(run_dir))} · {len(records)} records</p>']
-    if cell.status == "failed" and cell.error:
+    if cell.status == Status.FAILED and cell.error:
         parts.append(f'<p class="err">cell failed: {escape(cell.error)}</p>')
     parts.append(_errors(records, limits))
     parts.append(_slowest(records, limits))

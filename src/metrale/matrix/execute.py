@@ -15,19 +15,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from metrale import runner
-from metrale.endpoint.client import ClientOptions, Target
 from metrale.errors import UsageError
-from metrale.matrix.cellfile import CellResult, read_cell, read_records, summarize, write_cell
-from metrale.matrix.sweep import NO_RUNTIME, Cell, Sweep, resolve_runtime
-from metrale.plugin import Benchmark, canonical_id, get_benchmark
-from metrale.rollout.driver import STANDARD_AXES
-from metrale.runtime.base import RuntimeConfig
+from metrale.matrix.cellfile import CellResult, read_cell, summarize, write_cell
+from metrale.matrix.sweep import NO_RUNTIME, Cell, Sweep
+from metrale.plugin import Benchmark, Status, canonical_id, get_benchmark
+from metrale.plugin.params import STANDARD_AXES
+from metrale.rundir import read_records
 from metrale.stats import Spread
 
 logger = logging.getLogger(__name__)
+
+if TYPE_CHECKING:  # types only: the runner is what runs a cell there
+    from metrale.endpoint.client import ClientOptions, Target
+    from metrale.runtime.base import RuntimeConfig
 
 
 @dataclass
@@ -100,7 +103,7 @@ def _plan_runtimes(sweep: Sweep, bench: Benchmark) -> dict[str, RuntimeConfig | 
         sweep.runtimes = [default.type]
     runtimes: dict[str, RuntimeConfig | None] = {}
     for name in sweep.runtimes:
-        config = resolve_runtime(name, sweep.runtime_options.get(name, {}))
+        config = runner.resolve_runtime(name, sweep.runtime_options.get(name, {}), NO_RUNTIME)
         if config is None and default is not None:
             raise UsageError(
                 f"{sweep.benchmark} needs a runtime, so --runtime none does not apply; "
@@ -117,6 +120,11 @@ def cell_params(cell: Cell) -> dict[str, object]:
         raw["rollouts"] = cell.rollouts
         raw["max_concurrent"] = cell.max_concurrent
     return raw
+
+
+def _client_options(options: ClientOptions | None) -> dict[str, Any]:
+    """`RunRequest`'s client_options keyword when the sweep was given one (else its default)."""
+    return {} if options is None else {"client_options": options}
 
 
 async def run_sweep(
@@ -140,7 +148,6 @@ async def run_sweep(
     held.
     """
     todo = list(plan.cells if cells is None else cells)
-    options = client_options or ClientOptions()
     checked: set[str] = set()
     results = []
     for i, cell in enumerate(todo, 1):
@@ -155,7 +162,7 @@ async def run_sweep(
             benchmark=plan.sweep.benchmark,
             params=cell_params(cell),
             target=target,
-            client_options=options,
+            **_client_options(client_options),
             runtime=plan.runtimes[cell.runtime],
             runtime_retries=runtime_retries,
             out=plan.sweep.out / "runs" / cell.name,
@@ -182,7 +189,7 @@ def _completed_cell(out: Path, cell: Cell) -> CellResult | None:
     except UsageError as exc:
         logger.info("%s: unreadable (%s); the cell runs again", path, exc)
         return None
-    return found if found.status == "completed" else None
+    return found if found.status == Status.COMPLETED else None
 
 
 async def run_cell(cell: Cell, request: runner.RunRequest) -> CellResult:
@@ -205,7 +212,7 @@ async def run_cell(cell: Cell, request: runner.RunRequest) -> CellResult:
         outcome = await runner.run(request)
     except Exception as exc:  # the cell failed to run at all: record why and go on
         logger.debug("cell %s failed to run", cell.name, exc_info=exc)
-        base.status, base.error = "failed", _one_line(exc)
+        base.status, base.error = Status.FAILED, _one_line(exc)
         # e2e is the work phase as the benchmark clocked it; a run that raised never said it
         base.e2e_s = None
         assert request.out is not None
@@ -213,8 +220,8 @@ async def run_cell(cell: Cell, request: runner.RunRequest) -> CellResult:
     base.started_at = outcome.info.started_at
     base.params = {k: v for k, v in outcome.info.params.items() if k not in STANDARD_AXES}
     base.metrale_version = outcome.info.metrale_version
-    if outcome.result.status.value != "completed":
-        base.status, base.error = "failed", outcome.result.error or "run failed"
+    if outcome.result.status != Status.COMPLETED:
+        base.status, base.error = Status.FAILED, outcome.result.error or "run failed"
     if outcome.result.measured is not None:
         return base.with_summary(outcome.result.measured)
     assert request.out is not None
@@ -233,7 +240,7 @@ def cell_line(cell: CellResult) -> str:
     if total.n:
         unit = spread_unit([total])
         text += f"  total {total.cell(unit)} {unit}"
-    if cell.status == "failed":
+    if cell.status == Status.FAILED:
         text += f"  FAILED: {cell.error}"
     return text
 

@@ -30,7 +30,7 @@ from metrale.matrix.cellfile import CellResult
 from metrale.matrix.drilldown import cell_run_dir, drilldown_html
 from metrale.matrix.plot import LOG_SPAN, Panel, bar_label, panels_for
 from metrale.matrix.report import failure_notes, has_stages, report_table
-from metrale.plugin import CurvesRuns, get_benchmark
+from metrale.plugin import CurvesRuns, Status, get_benchmark
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def _table_html(cells: Sequence[CellResult], ids: dict[str, str]) -> str:
     columns, rows = report_table(cells)
     head = "".join(f"<th>{escape(c)}</th>" for c in columns)
     body = "".join(
-        f'<tr class="cellrow{" failed" if c.status == "failed" else ""}" '
+        f'<tr class="cellrow{" failed" if c.status == Status.FAILED else ""}" '
         f'data-cell="{ids[c.cell]}">' + "".join(f"<td>{escape(str(x))}</td>" for x in row) + "</tr>"
         for c, row in zip(cells, rows, strict=True)
     )

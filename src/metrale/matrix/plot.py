@@ -1,7 +1,8 @@
 """The sweep figure: one panel per stage, a bar per cell at p50 with a p10–p90 whisker.
 
 For a benchmark without stages (serve) the panels are its declared table columns
-(`Metric.column`): a bar at the metric's value, the whisker p10–p90 of its sample.
+(`Metric.column`, as the cells' files declare them): a bar at the metric's value, the whisker
+p10–p90 of its sample.
 
 Cells are grouped by runtime (one colour each, gaps between groups) so that a glance says where
 rollouts are fastest. A panel whose values span more than `LOG_SPAN` (p90 max / p10 min) uses a

@@ -1,5 +1,6 @@
-"""The sweep table and its exports: one row per cell, from the cells' summaries and the
-benchmark's declarations.
+"""The sweep table and its exports: one row per cell, from the cells' summaries and the metric
+declarations stored with them (`RunSummary.declared`; the installed benchmark's only for a file
+written before they were stored).
 
 The table (Markdown or plain): `cell  conc  e2e (s)  err  rew`, then for rollout benchmarks
 the stages `setup  generation  scoring  total` as `p50 (p10–p90)` (with `pool_start`,
@@ -25,9 +26,8 @@ from typing import Any
 
 from metrale.errors import UsageError
 from metrale.fmt import duration_text, duration_unit, in_unit, number_text, spread_column
-from metrale.matrix.cellfile import CellResult
-from metrale.plugin import SUMMARY_STAGES, Metric, get_benchmark
-from metrale.rollout import shown_stages
+from metrale.matrix.cellfile import CellResult, with_declarations
+from metrale.plugin import SUMMARY_STAGES, Metric, Status, shown_stages
 from metrale.stats import Spread
 from metrale.table import render
 
@@ -35,14 +35,17 @@ STYLES: tuple[str, ...] = ("markdown", "plain", "csv", "json")
 
 
 def declared_metrics(cells: Sequence[CellResult]) -> list[Metric]:
-    """The metrics the cells' benchmark declares (none when it is not installed)."""
-    names = list(dict.fromkeys(c.benchmark for c in cells))
-    if len(names) != 1:
+    """The metrics the cells' files declare (`RunSummary.declared`, in the order of the first
+    cell that declares each); none for cells of more than one benchmark. A cell that declares
+    none (made in memory, or an old file read without `read_cell`) is read with today's
+    declarations of its benchmark, as every cell was before files carried them."""
+    if len({c.benchmark for c in cells}) != 1:
         return []
-    try:
-        return get_benchmark(names[0])().metrics()
-    except UsageError:
-        return []
+    found: dict[str, Metric] = {}
+    for c in cells:
+        for d in with_declarations(c.model_copy()).declared:
+            found.setdefault(d.name, d.metric())
+    return list(found.values())
 
 
 def has_stages(cells: Sequence[CellResult]) -> bool:
@@ -158,7 +161,7 @@ def export_json(cells: Sequence[CellResult]) -> str:
 
 def failure_notes(cells: Sequence[CellResult]) -> list[str]:
     """One line per failed cell: the table alone would hide why a row is empty."""
-    return [f"{c.cell}: failed: {c.error}" for c in cells if c.status == "failed"]
+    return [f"{c.cell}: failed: {c.error}" for c in cells if c.status == Status.FAILED]
 
 
 def render_report(cells: Sequence[CellResult], style: str = "markdown") -> str:

@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from metrale.errors import UsageError, read_user_file
-from metrale.rollout.driver import STANDARD_AXES
-from metrale.runtime.base import RuntimeConfig
+from metrale.plugin.params import STANDARD_AXES
 
 #: The runtime axis value that runs rollouts in metrale's process, with no sandbox.
 NO_RUNTIME = "none"
@@ -312,41 +311,6 @@ def _distinct(values: list[_T], source: str) -> list[_T]:
     if len(set(values)) != len(values):
         raise UsageError(f"{source}: a value is listed twice")
     return values
-
-
-def resolve_runtime(name: str, options: Mapping[str, Any]) -> RuntimeConfig | None:
-    """The checked runtime config for one axis value; `none` runs in-process, no sandbox.
-
-    `metrale.runtime.configs` is imported here, not at module top, so that a build without it
-    still sweeps `none`. A runtime this machine cannot provide at all (no bwrap, no docker
-    engine) is a usage error before any cell runs, not eight failed cells.
-    """
-    if name == NO_RUNTIME:
-        if options:
-            raise UsageError("runtime none takes no options")
-        return None
-    try:
-        from metrale.runtime import configs
-    except ImportError:
-        raise UsageError(
-            f"unknown runtime {name!r}; accepted: {NO_RUNTIME} (no runtimes are installed)"
-        ) from None
-    known = getattr(configs, "RUNTIMES", ())
-    if known and name not in known:
-        raise UsageError(f"unknown runtime {name!r}; accepted: {', '.join((NO_RUNTIME, *known))}")
-    try:
-        config = configs.runtime_config(name, **options)
-        check = getattr(configs, "check_runtime", None)
-        if check is not None:
-            check(config)
-    except UsageError:
-        raise
-    except ImportError as exc:
-        raise UsageError(f"runtime {name} is not available in this build ({exc.name})") from None
-    except (ValueError, TypeError, KeyError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"runtime {name}: {first}") from None
-    return config
 
 
 def build_sweep(

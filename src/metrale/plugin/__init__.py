@@ -8,8 +8,9 @@ or files: `matrix`, `report`, `compare`, `plot` and budgets read only the declar
 (`parameters`, `sweep_axes`, `metrics`, `options`) and the run's `RunSummary`.
 
 Rollout benchmarks get all of this from `metrale.rollout.RolloutBenchmark`; serve, which is not
-rollout-shaped, from `metrale.rollout.BenchmarkBase`. This package does no I/O beyond reading
-entry points, and imports neither the endpoint nor the runtime layer.
+rollout-shaped, from `metrale.plugin.lifecycle.BenchmarkBase` (the lifecycle every benchmark
+shares, which `RolloutBenchmark` builds on). This package does no I/O beyond reading entry
+points; only `lifecycle` reaches below it, opening the chat client when a run calls a model.
 """
 
 from __future__ import annotations
@@ -20,9 +21,16 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from metrale.errors import UsageError
 from metrale.plugin.handle import Artifacts, PluginHandle, Resume
-from metrale.plugin.metrics import Metric, Stat, compute, find_metric
-from metrale.plugin.params import ParamSpec, ParamType, ParamValues, validate_params
+from metrale.plugin.metrics import Metric, MetricDeclaration, Stat, compute, find_metric
+from metrale.plugin.params import (
+    STANDARD_AXES,
+    ParamSpec,
+    ParamType,
+    ParamValues,
+    validate_params,
+)
 from metrale.plugin.results import (
+    SCHEMA_VERSION,
     SUMMARY_STAGES,
     BenchmarkResult,
     Check,
@@ -33,6 +41,7 @@ from metrale.plugin.results import (
     Table,
     Verdict,
     check_bounds,
+    shown_stages,
 )
 
 if TYPE_CHECKING:
@@ -110,6 +119,12 @@ def discover() -> dict[str, type[Benchmark]]:
     return dict(sorted(found.items()))
 
 
+def benchmark_ids() -> list[str]:
+    """The ids of the installed benchmarks, read from their entry points without importing
+    any of them."""
+    return sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+
+
 def canonical_id(benchmark_id: str) -> str:
     """Benchmark ids accept `-` for `_`: `agentic-webserver` is `agentic_webserver`."""
     return benchmark_id.strip().replace("-", "_")
@@ -132,6 +147,8 @@ def get_benchmark(benchmark_id: str) -> type[Benchmark]:
 __all__ = [
     "ENTRY_POINT_GROUP",
     "RUN_OPTIONS",
+    "SCHEMA_VERSION",
+    "STANDARD_AXES",
     "SUMMARY_STAGES",
     "Artifacts",
     "Benchmark",
@@ -141,6 +158,7 @@ __all__ = [
     "Descriptor",
     "LogLine",
     "Metric",
+    "MetricDeclaration",
     "ParamSpec",
     "ParamType",
     "ParamValues",
@@ -152,11 +170,13 @@ __all__ = [
     "Status",
     "Table",
     "Verdict",
+    "benchmark_ids",
     "canonical_id",
     "check_bounds",
     "compute",
     "discover",
     "find_metric",
     "get_benchmark",
+    "shown_stages",
     "validate_params",
 ]

@@ -13,6 +13,9 @@ The summary of a run keeps, per declared metric, the sample it was computed from
 - `value`: one number for the whole run (e.g. e2e), no sample and so no interval.
 
 Units without a value (None) are left out of the sample. This module does no I/O.
+
+A summary stores each metric's `MetricDeclaration` (the declaration without its code), so a
+results file is read with the declarations it was written with, not the installed benchmark's.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
+
+from pydantic import BaseModel
 
 from metrale.errors import UsageError
 from metrale.stats import mean, percentile
@@ -46,10 +51,18 @@ class Metric:
     column: bool = False
 
     def __post_init__(self) -> None:
-        if (self.stat == "ratio") != (self.per is not None):
-            raise ValueError(f"metric {self.name}: a ratio needs `per`, and only a ratio has it")
+        if self.per is not None and self.stat != "ratio":
+            raise ValueError(f"metric {self.name}: only a ratio has `per`")
+        if self.stat == "ratio" and self.value is not None and self.per is None:
+            raise ValueError(f"metric {self.name}: a ratio with a per-unit value needs `per`")
         if self.stat == "value" and self.value is not None:
             raise ValueError(f"metric {self.name}: a whole-run value has no per-unit `value`")
+
+    def declaration(self) -> MetricDeclaration:
+        return MetricDeclaration(
+            name=self.name, unit=self.unit, better=self.better, stat=self.stat,
+            column=self.column, doc=self.doc,
+        )  # fmt: skip
 
     @property
     def lower_is_better(self) -> bool:
@@ -70,6 +83,26 @@ class Metric:
     def compute(self, sample: Sample) -> float | None:
         """The statistic over `sample`; None when it is empty (or a ratio's denominator is 0)."""
         return compute(self.stat, sample)
+
+
+class MetricDeclaration(BaseModel):
+    """What a results file says of one metric: everything report, compare, plot and the HTML
+    page need to show and judge it (its sample is in the summary beside it)."""
+
+    name: str
+    unit: str
+    better: Better | None
+    stat: Stat
+    column: bool = False
+    doc: str = ""
+
+    def metric(self) -> Metric:
+        """The declaration as a `Metric` with no per-unit code: it computes its statistic over
+        a stored sample, which is all a reader of a file does."""
+        return Metric(
+            name=self.name, unit=self.unit, better=self.better, doc=self.doc, stat=self.stat,
+            column=self.column,
+        )  # fmt: skip
 
 
 def compute(stat: Stat, sample: Sample) -> float | None:

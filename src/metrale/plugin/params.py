@@ -14,6 +14,10 @@ from pydantic import BaseModel
 from metrale.errors import UsageError
 
 ParamType = Literal["int", "float", "str", "bool"]
+#: The sweep axes every rollout benchmark has (its rollout count and concurrency bound); a
+#: sweep and a cell name them apart from the benchmark's own parameters.
+STANDARD_AXES: tuple[str, ...] = ("rollouts", "max_concurrent")
+
 _PY_TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
 
 

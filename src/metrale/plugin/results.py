@@ -11,15 +11,21 @@ import time
 from array import array
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, Field, field_serializer
 
 from metrale.errors import UsageError
+from metrale.fmt import sig
+from metrale.plugin.metrics import MetricDeclaration
 from metrale.stats import Spread
 
 #: The per-rollout stage columns every rollout summary shows, in order (`total` last).
 SUMMARY_STAGES: tuple[str, ...] = ("setup", "generation", "scoring", "total")
+
+#: The shape of `RunSummary` (summary.json, and every matrix cell file) this metrale writes.
+#: 1: no version field, no declarations (read with the installed benchmark's); 2: both.
+SCHEMA_VERSION = 2
 
 
 def _num_text(x: float) -> str:
@@ -72,7 +78,7 @@ class Verdict(BaseModel):
 
 
 def _value_text(value: float | None) -> str:
-    return "absent" if value is None else f"{value:.4g}"
+    return "absent" if value is None else sig(value, 4)
 
 
 class Table(BaseModel):
@@ -96,11 +102,17 @@ class RunSummary(BaseModel):
       statistic was taken over; a ratio's are [value, per] pairs. A sample of few distinct
       values (0/1 flags, token counts) is kept as `{"values": [...], "counts": [...]}`:
       1,000,000 error flags are two numbers, not a million.
+    - `schema_version`, `declared`: the shape of the file, and the declaration of each metric
+      (unit, direction, statistic, column), so that a reader needs nothing of the benchmark
+      installed now (`from_file_data` reads a file without them as version 1).
 
     The runner writes it to `summary.json` in the run directory (compact JSON: it holds a
     number per rollout and stage); result.json holds the rest of the final snapshot.
     """
 
+    schema_version: int = SCHEMA_VERSION
+    #: every metric the summary's numbers are declared by, as the run's benchmark declared it
+    declared: list[MetricDeclaration] = Field(default_factory=list)
     unit: Literal["rollout", "request"] = "rollout"
     records: int = Field(default=0, description="finished units (rollouts or requests)")
     errors: int = 0
@@ -137,6 +149,22 @@ class RunSummary(BaseModel):
     def stage(self, name: str) -> list[float]:
         return self.durations.get(name, [])
 
+    @classmethod
+    def from_file_data(cls, data: Any, where: object) -> Self:
+        """Validate a summary (or a cell file) read from `where`: one without a version is
+        version 1; one newer than this metrale writes is a UsageError naming file and version.
+        A ValidationError is left to the caller, which knows what the file should have been."""
+        if isinstance(data, dict):
+            version = data.setdefault("schema_version", 1)
+            if not isinstance(version, int) or isinstance(version, bool):
+                raise UsageError(f"{where}: schema_version {version!r} is not a whole number")
+            if version > SCHEMA_VERSION:
+                raise UsageError(
+                    f"{where} has schema version {version}; this metrale reads up to "
+                    f"{SCHEMA_VERSION}: upgrade metrale to read it"
+                )
+        return cls.model_validate(data)
+
     def sample(self, name: str) -> list[Any]:
         """The sample behind metric `name`: a stage's durations, or a declared metric's values
         (pairs as tuples for a ratio)."""
@@ -147,6 +175,24 @@ class RunSummary(BaseModel):
             pairs = zip(found.get("values", []), found.get("counts", []), strict=True)
             found = [v for v, n in pairs for _ in range(int(n))]
         return [tuple(x) if isinstance(x, list) else x for x in found]
+
+
+def shown_stages(*summaries: RunSummary) -> list[str]:
+    """The duration columns a run's table (or a sweep's, one summary per cell) shows: the
+    stages, with `pool_start` and `setup_wait` before setup and `stop` after scoring when any
+    of the summaries has them (rollouts that started sandboxes; a warm pool's)."""
+
+    def present(name: str) -> bool:
+        return any(s.stage(name) for s in summaries)
+
+    shown = []
+    for name in SUMMARY_STAGES:
+        if name == "setup":
+            shown += [extra for extra in ("pool_start", "setup_wait") if present(extra)]
+        shown.append(name)
+        if name == "scoring" and present("stop"):
+            shown.append("stop")
+    return shown
 
 
 class BenchmarkResult(BaseModel):

@@ -4,12 +4,15 @@
 - `pool`: run N rollouts under a concurrency bound, clock their stages, record each one;
 - `limiter`: how many sandbox starts may be under way at once; `warm`: the warm pool of
   sandboxes started ahead (`--runtime-pool`); `fds`: the file-descriptor bound on concurrency;
-- `lifecycle`: `BenchmarkBase`, the load / next / cleanup shape every benchmark shares;
+- `BenchmarkBase`, the load / next / cleanup shape every benchmark shares, is the contract's
+  (`metrale.plugin.lifecycle`), re-exported here;
 - `driver`: `RolloutBenchmark`, what a rollout benchmark subclasses;
-- `summary`: the standard metrics and the run's one summary.
+- `summary`: the standard metrics and the run's one summary;
+- `teardown`: `finish`, the await that completes a stop whatever cancels it.
 """
 
-from metrale.plugin.results import SUMMARY_STAGES
+from metrale.plugin.lifecycle import BackgroundRun, BenchmarkBase
+from metrale.plugin.results import SUMMARY_STAGES, shown_stages
 from metrale.rollout.driver import RolloutBenchmark, bound_check
 from metrale.rollout.fds import (
     FD_RESERVE,
@@ -17,8 +20,7 @@ from metrale.rollout.fds import (
     FDS_PER_SANDBOXED_ROLLOUT,
     fd_concurrency_cap,
 )
-from metrale.rollout.lifecycle import BackgroundRun, BenchmarkBase
-from metrale.rollout.pool import Progress, RolloutPlan, finish, run_rollouts
+from metrale.rollout.pool import Progress, RolloutPlan, run_rollouts
 from metrale.rollout.records import (
     STAGES,
     ErrorInfo,
@@ -33,9 +35,9 @@ from metrale.rollout.summary import (
     ROLLOUT_METRICS,
     STAGE_METRICS,
     build_summary,
-    shown_stages,
     summarize_records,
 )
+from metrale.rollout.teardown import finish
 
 __all__ = [
     "FDS_PER_ROLLOUT",

@@ -21,7 +21,9 @@ import asyncio
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from metrale.errors import UsageError
+from metrale.fmt import number_text
 from metrale.plugin import (
+    STANDARD_AXES,
     BenchmarkResult,
     Check,
     Metric,
@@ -31,17 +33,16 @@ from metrale.plugin import (
     Status,
     Table,
     Verdict,
+    shown_stages,
 )
-from metrale.rollout.lifecycle import BenchmarkBase
+from metrale.plugin.lifecycle import BenchmarkBase
 from metrale.rollout.pool import Progress, RolloutPlan, run_rollouts
 from metrale.rollout.records import RolloutRecord, RolloutTask
-from metrale.rollout.summary import ROLLOUT_METRICS, build_summary, sampled, shown_stages
+from metrale.rollout.summary import ROLLOUT_METRICS, build_summary, sampled
 from metrale.stats import Spread
 
 if TYPE_CHECKING:
     from metrale.runtime.base import RuntimeConfig
-
-STANDARD_AXES: tuple[str, ...] = ("rollouts", "max_concurrent")
 
 
 class RolloutBenchmark(BenchmarkBase):
@@ -196,7 +197,7 @@ class RolloutBenchmark(BenchmarkBase):
     def live(self) -> BenchmarkResult:
         p = self.progress
         total = self.values["rollouts"]
-        reward = "-" if p.mean_reward is None else f"{p.mean_reward:.3f}"
+        reward = number_text(p.mean_reward)
         running = {s: p.running_p50(s) for s in ("generation", "total")}
         return BenchmarkResult(
             status=Status.RUNNING,

@@ -14,10 +14,10 @@ import asyncio
 import logging
 import resource
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from metrale.plugin.metrics import Metric
 from metrale.plugin.results import SUMMARY_STAGES
@@ -32,6 +32,7 @@ from metrale.rollout.records import (
     StageTiming,
 )
 from metrale.rollout.reservoir import Reservoir
+from metrale.rollout.teardown import finish
 from metrale.rollout.warm import Warm, WarmPool
 from metrale.runtime.base import Runtime
 from metrale.stats import percentile
@@ -41,7 +42,6 @@ logger = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from metrale.endpoint.client import ChatClient
 
-T = TypeVar("T")
 
 #: Durations a sandboxed rollout has beside its stages: `setup_wait`, the part of setup spent
 #: queued for a start slot (the limiter's; setup includes it), and `stop`, its sandbox's
@@ -234,31 +234,6 @@ async def run_rollouts(plan: RolloutPlan, progress: Progress | None = None) -> l
         if pool is not None:
             await finish(pool.close())
     return sorted(progress.records, key=lambda r: r.index) if progress.keep_records else []
-
-
-async def finish(awaitable: Awaitable[T]) -> T:
-    """Await `awaitable` to its end even if the caller is cancelled meanwhile (again and again:
-    asyncio.run cancels what is left at exit); the cancellation is raised once it is done.
-
-    This is what makes teardown (a runtime's `stop()`) complete on every exit path.
-    """
-    task = asyncio.ensure_future(awaitable)
-    cancelled = False
-    while True:
-        try:
-            result = await asyncio.shield(task)
-            break
-        except asyncio.CancelledError:
-            # Set first: a cancellation that lands as the work ends is raised too, not lost.
-            cancelled = True
-            if task.done():
-                if task.cancelled():
-                    raise
-                result = task.result()
-                break
-    if cancelled:
-        raise asyncio.CancelledError
-    return result
 
 
 async def _run_one(

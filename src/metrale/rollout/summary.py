@@ -13,7 +13,7 @@ from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from metrale.plugin import SUMMARY_STAGES, Metric, RunSummary
+from metrale.plugin import SCHEMA_VERSION, SUMMARY_STAGES, Metric, RunSummary
 from metrale.rollout.pool import RUNTIME_DURATIONS, Progress
 from metrale.rollout.records import RolloutRecord
 
@@ -60,24 +60,6 @@ STAGE_METRICS: tuple[Metric, ...] = (
         "them (--runtime-pool; not in setup: the start moved off the rollout's path)",
     ),
 )
-
-
-def shown_stages(*summaries: RunSummary) -> list[str]:
-    """The duration columns a run's table (or a sweep's, one summary per cell) shows: the
-    stages, with `pool_start` and `setup_wait` before setup and `stop` after scoring when any
-    of the summaries has them (rollouts that started sandboxes; a warm pool's)."""
-
-    def present(name: str) -> bool:
-        return any(s.stage(name) for s in summaries)
-
-    shown = []
-    for name in SUMMARY_STAGES:
-        if name == "setup":
-            shown += [extra for extra in ("pool_start", "setup_wait") if present(extra)]
-        shown.append(name)
-        if name == "scoring" and present("stop"):
-            shown.append("stop")
-    return shown
 
 
 ROLLOUT_METRICS: tuple[Metric, ...] = (
@@ -137,6 +119,8 @@ def build_summary(progress: Progress, metrics: Sequence[Metric], e2e_s: float | 
     rewards = progress.samples.get("reward_mean")
     reservoirs = [*progress.durations.values(), *found.values()]
     return RunSummary.model_construct(  # built from numbers already checked: no copies
+        schema_version=SCHEMA_VERSION,
+        declared=[m.declaration() for m in metrics],
         unit="rollout",
         records=progress.done,
         errors=progress.errors,

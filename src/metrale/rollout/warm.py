@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
+from metrale.rollout.teardown import finish
 from metrale.runtime.base import Runtime
 
 
@@ -89,8 +90,6 @@ class WarmPool:
 
     async def close(self) -> None:
         """Stop what no rollout took: cancel starts under way, stop unclaimed sandboxes."""
-        from metrale.rollout.pool import finish
-
         self._closed = True
         for task in self._every:
             if not task.done():

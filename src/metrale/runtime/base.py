@@ -9,14 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol, Self, runtime_checkable
+from typing import Any, NoReturn, Protocol, Self, runtime_checkable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from metrale.errors import UsageError
-
-if TYPE_CHECKING:
-    from metrale.runtime.procs import RateLimiter
 
 #: Flat resource-limit options every runtime config with a `limits` field accepts.
 LIMIT_KEYS: tuple[str, ...] = ("cpu_s", "memory_mb", "max_procs", "file_size_mb")
@@ -58,8 +55,18 @@ class RuntimeConfig(BaseModel):
     pool: int = Field(default=0, ge=0)
     """Sandboxes started ahead of the rollouts that will use them, one each, never reused
     (0: none); the pool's start is the rollout's `pool_start`, not part of its setup."""
+    #: the config (as JSON) that last passed `check_runtime`, in this process: not saved
+    _checked_as: str | None = PrivateAttr(default=None)
 
-    def create(self, throttle: RateLimiter | None = None) -> Runtime:
+    @property
+    def checked_as(self) -> str | None:
+        return self._checked_as
+
+    @checked_as.setter
+    def checked_as(self, value: str | None) -> None:
+        self._checked_as = value
+
+    def create(self, throttle: Throttle | None = None) -> Runtime:
         """A new, not yet started runtime of this config (its module imported only now)."""
         raise UsageError(f"runtime {self.type!r} cannot be created from a bare config")
 
@@ -150,6 +157,32 @@ class RuntimeBase:
         raise NotImplementedError
 
     async def stop(self) -> None:
+        raise NotImplementedError
+
+    async def run(
+        self,
+        command: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+    ) -> ProgramResult:
+        """Run `command` in the sandbox: a string is a shell command line (`sh -c`), a
+        sequence the argv itself. Written once here; each runtime runs the argv
+        (`execute`)."""
+        argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
+        return await self.execute(argv, env=env, cwd=cwd, timeout=timeout)
+
+    async def execute(
+        self,
+        argv: list[str],
+        *,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        timeout: float | None,
+    ) -> ProgramResult:
+        """`argv` in the sandbox with `env` added, in `cwd` (the workdir when None), killed
+        after `timeout` seconds (a result with `timed_out`, never an exception)."""
         raise NotImplementedError
 
     async def __aenter__(self) -> Self:

@@ -49,6 +49,7 @@ import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from metrale.runtime.base import (
     ProgramResult,
@@ -80,9 +81,11 @@ from metrale.runtime.bwrap_setup import (
 )
 from metrale.runtime.bwrap_watchdog import ensure_watchdog, owner_prefix
 from metrale.runtime.cgroups import SandboxCgroup
-from metrale.runtime.configs import BwrapConfig
 from metrale.runtime.procs import killpg, run_process, spawned
 from metrale.runtime.sandbox_proc import SandboxProcess, close_all
+
+if TYPE_CHECKING:  # its config, for types only: configs creates this runtime
+    from metrale.runtime.configs import BwrapConfig
 
 logger = logging.getLogger(__name__)
 
@@ -394,15 +397,14 @@ class BwrapRuntime(RuntimeBase):
         if not self._sandbox.alive():
             raise SandboxLostError("the sandbox died during the command (its PID 1 exited)")
 
-    async def run(
+    async def execute(
         self,
-        command: str | Sequence[str],
+        argv: list[str],
         *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        timeout: float | None,
     ) -> ProgramResult:
-        argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
         return await self._exec(argv, env=env, cwd=cwd, timeout=timeout)
 
     def _beneath(self, path: str) -> str | None:

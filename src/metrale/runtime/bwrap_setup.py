@@ -12,10 +12,13 @@ import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from metrale.errors import UsageError
 from metrale.runtime import cgroups
-from metrale.runtime.configs import BwrapConfig
+
+if TYPE_CHECKING:  # for types only: configs calls check_bwrap
+    from metrale.runtime.configs import BwrapConfig
 
 #: Host temp dirs of sandboxes are `tempfile.gettempdir()/WORKDIR_PREFIX*`; their cgroups are
 #: named the same. `metrale cleanup` finds what a killed run left with the two functions below.

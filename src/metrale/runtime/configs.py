@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from metrale.errors import UsageError
-from metrale.runtime.base import LIMIT_KEYS, Runtime, RuntimeConfig, unknown_options
+from metrale.runtime.base import LIMIT_KEYS, Runtime, RuntimeConfig, Throttle, unknown_options
 from metrale.runtime.procs import Limits, RateLimiter
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class SubprocessConfig(RuntimeConfig):
     limits: Limits = Field(default_factory=lambda: Limits(max_procs=None))
     env: dict[str, str] = Field(default_factory=dict)
 
-    def create(self, throttle: RateLimiter | None = None) -> Runtime:
+    def create(self, throttle: Throttle | None = None) -> Runtime:
         from metrale.runtime.subprocess import SubprocessRuntime
 
         return SubprocessRuntime(self, throttle)
@@ -100,7 +100,7 @@ class BwrapConfig(RuntimeConfig):
         description="absolute paths that get an empty writable tmpfs (tmp_mb each)",
     )
 
-    def create(self, throttle: RateLimiter | None = None) -> Runtime:
+    def create(self, throttle: Throttle | None = None) -> Runtime:
         from metrale.runtime.bwrap import BwrapRuntime
 
         return BwrapRuntime(self, throttle)
@@ -142,7 +142,7 @@ class DockerConfig(RuntimeConfig):
     workdir: str = Field(default="/work", pattern="^/")
     env: dict[str, str] = Field(default_factory=dict)
 
-    def create(self, throttle: RateLimiter | None = None) -> Runtime:
+    def create(self, throttle: Throttle | None = None) -> Runtime:
         from metrale.runtime.docker import DockerRuntime
 
         return DockerRuntime(self, throttle)
@@ -175,10 +175,10 @@ class RayConfig(RuntimeConfig):
     actor_cpus: float = Field(default=0.01, description="CPU the actor reserves when placed")
     spread: bool = Field(default=True, description="SPREAD scheduling across nodes")
 
-    def create(self, throttle: RateLimiter | None = None) -> Runtime:
+    def create(self, throttle: Throttle | None = None) -> Runtime:
         from metrale.runtime.ray import RayRuntime
 
-        return RayRuntime(self, throttle)
+        return RayRuntime(self, throttle, make_inner=runtime_from_dict)
 
     def check(self) -> None:
         try:
@@ -264,6 +264,11 @@ def create_runtime(config: RuntimeConfig, *, throttle: RateLimiter | None = None
     return config.create(throttle)
 
 
+def runtime_from_dict(data: dict[str, Any]) -> Runtime:
+    """A runtime from its config read back as a dict (the ray actor's inner sandbox)."""
+    return create_runtime(parse_runtime_config(data))
+
+
 def runtime_factory(
     config: RuntimeConfig,
     adjust: Callable[[RuntimeConfig, int], RuntimeConfig] | None = None,
@@ -313,10 +318,19 @@ def _resolve_ray_auto() -> str:
 
 def check_runtime(config: RuntimeConfig) -> None:
     """Fail fast, before any rollout, when this machine cannot provide the runtime at all
-    (bwrap missing or user namespaces off, no docker engine, ray not installed): UsageError."""
-    if type(config) is RuntimeConfig:
-        config = parse_runtime_config(config.model_dump())
-    config.check()
+    (bwrap missing or user namespaces off, no docker engine, ray not installed): UsageError.
+
+    A config that passed is not checked again while it is unchanged: the CLI, the benchmark and
+    the rollout engine each make sure of the runtime before their work, and a docker check
+    probes the engine (a process and a round trip each time)."""
+    checked_as = config.model_dump_json()
+    if config.checked_as == checked_as:
+        return
+    concrete = config
+    if type(config) is RuntimeConfig:  # read back from JSON without its class
+        concrete = parse_runtime_config(config.model_dump())
+    concrete.check()
+    config.checked_as = concrete.checked_as = checked_as
 
 
 def _engine_probe(argv: list[str], what: str) -> subprocess.CompletedProcess[str]:

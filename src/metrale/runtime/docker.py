@@ -34,11 +34,14 @@ import tarfile
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from metrale.runtime import procs
 from metrale.runtime.base import ProgramResult, RuntimeBase, RuntimeStartError, Throttle
-from metrale.runtime.configs import DockerConfig
 from metrale.runtime.procs import killpg, run_process, spawned
+
+if TYPE_CHECKING:  # its config, for types only: configs creates this runtime
+    from metrale.runtime.configs import DockerConfig
 
 LABEL = "metrale.sandbox"
 PID_LABEL = f"{LABEL}.pid"
@@ -145,15 +148,14 @@ class DockerRuntime(RuntimeBase):
         enter = ENTER.format(workdir=shlex.quote(self.config.workdir))
         return [*out, "sh", "-c", enter, where, *argv]
 
-    async def run(
+    async def execute(
         self,
-        command: str | Sequence[str],
+        argv: list[str],
         *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        timeout: float | None,
     ) -> ProgramResult:
-        argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
         client_timeout = None if timeout is None else timeout + CLIENT_GRACE_S
         result = await self._cli(self._exec_argv(argv, env, cwd, timeout), timeout=client_timeout)
         if timeout is not None and result.exit_code in (124, 137) and result.duration_s >= timeout:

@@ -18,13 +18,15 @@ import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import ray
 
-from metrale.runtime.base import ProgramResult, RuntimeBase, RuntimeStartError, Throttle
-from metrale.runtime.configs import RayConfig
+from metrale.runtime.base import ProgramResult, Runtime, RuntimeBase, RuntimeStartError, Throttle
+
+if TYPE_CHECKING:  # its config, for types only: configs creates this runtime
+    from metrale.runtime.configs import RayConfig
 
 logger = logging.getLogger(__name__)
 
@@ -35,10 +37,8 @@ NAMESPACE = "metrale"
 class SandboxActor:
     """Holds one inner runtime on whichever node Ray placed this actor."""
 
-    def __init__(self, inner: dict[str, Any]) -> None:
-        from metrale.runtime.configs import create_runtime, parse_runtime_config
-
-        self.runtime = create_runtime(parse_runtime_config(inner))
+    def __init__(self, inner: dict[str, Any], make: Callable[[dict[str, Any]], Runtime]) -> None:
+        self.runtime = make(inner)
 
     async def start(self) -> str:
         await self.runtime.start()
@@ -143,8 +143,17 @@ def _stop_private_cluster(temp: str, saved: dict[str, str | None]) -> None:
 class RayRuntime(RuntimeBase):
     config: RayConfig
 
-    def __init__(self, config: RayConfig, throttle: Throttle | None = None) -> None:
+    def __init__(
+        self,
+        config: RayConfig,
+        throttle: Throttle | None = None,
+        *,
+        make_inner: Callable[[dict[str, Any]], Runtime],
+    ) -> None:
+        """`make_inner` builds the inner runtime from its config's dict, on the actor's node
+        (Ray sends the function by reference: `configs.runtime_from_dict`)."""
         super().__init__(config, throttle)
+        self._make_inner = make_inner
         self.actor: Any = None
         #: the Ray node the sandbox was placed on, once started
         self.node_id: str | None = None
@@ -163,7 +172,9 @@ class RayRuntime(RuntimeBase):
             options["scheduling_strategy"] = "SPREAD"
         # `@ray.remote` adds `.options` at run time; Ray's annotations keep the bare class
         actor_class: Any = SandboxActor
-        self.actor = actor_class.options(**options).remote(self.config.inner.model_dump())
+        self.actor = actor_class.options(**options).remote(
+            self.config.inner.model_dump(), self._make_inner
+        )
         try:
             self.node_id = await self.actor.start.remote()
         except Exception as exc:
@@ -174,16 +185,15 @@ class RayRuntime(RuntimeBase):
             raise RuntimeError("ray runtime is not started")
         return self.actor
 
-    async def run(
+    async def execute(
         self,
-        command: str | Sequence[str],
+        argv: list[str],
         *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        timeout: float | None,
     ) -> ProgramResult:
-        cmd = command if isinstance(command, str) else list(command)
-        raw = await self._require().run.remote(cmd, dict(env or {}) or None, cwd, timeout)
+        raw = await self._require().run.remote(argv, dict(env or {}) or None, cwd, timeout)
         return ProgramResult.model_validate(raw)
 
     async def read(self, path: str) -> bytes:

@@ -18,12 +18,15 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from metrale.runtime.base import ProgramResult, RuntimeBase, RuntimeStartError, Throttle
-from metrale.runtime.configs import SubprocessConfig
 from metrale.runtime.procs import allowed_env, kill_tree, run_process
+
+if TYPE_CHECKING:  # its config, for types only: configs creates this runtime
+    from metrale.runtime.configs import SubprocessConfig
 
 MARKER_VAR = "METRALE_SANDBOX"
 
@@ -68,15 +71,14 @@ class SubprocessRuntime(RuntimeBase):
     def _path(self, path: str) -> Path:
         return self._require() / path
 
-    async def run(
+    async def execute(
         self,
-        command: str | Sequence[str],
+        argv: list[str],
         *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        timeout: float | None,
     ) -> ProgramResult:
-        argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
         return await run_process(
             [*self.config.limits.prlimit_argv(), *argv],
             env=self._env(env),

@@ -106,3 +106,16 @@ def test_summary_throughput_goodput_and_peak_over_the_window() -> None:
     assert m["ttft_ms_p50"] == pytest.approx(200.0)
     assert m["tpot_ms_p50"] == pytest.approx(1800 / 9)
     assert m["tokens_counted"] == 0
+
+
+def test_latency_docs_say_what_the_stream_measures() -> None:
+    """TTFT is the first output chunk (reasoning and tool calls count), as `endpoint.stream`
+    defines it; the first content chunk is TTFC, a different number."""
+    from metrale.benchmarks.serve.declared import METRICS
+    from metrale.endpoint import stream
+
+    docs = {m.name: m.doc for m in METRICS}
+    assert "**TTFT** = first output chunk" in (stream.__doc__ or "")
+    assert "first output chunk" in docs["ttft_ms_p50"]
+    assert "content token" not in docs["ttft_ms_p50"]
+    assert "consecutive output chunks" in docs["itl_ms_p50"]

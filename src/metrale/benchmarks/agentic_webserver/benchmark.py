@@ -39,6 +39,7 @@ from metrale.benchmarks.agentic_webserver.warm import (
     warm,
 )
 from metrale.errors import UsageError
+from metrale.fmt import duration_text, number_text
 from metrale.net import free_port
 from metrale.plugin import (
     Descriptor,
@@ -276,7 +277,7 @@ class AgenticWebserverBenchmark(RolloutBenchmark):
         steps = sum((record.metrics.get("directions") or {}).values())
         self.log(
             f"run {record.index}: {'webserver_ok' if ok else 'FAILED'} · {steps}/6 steps"
-            f" · {record.total_s or 0:.1f} s · {record.turns or 0} turns"
+            f" · {duration_text(record.total_s)} · {record.turns or 0} turns"
             + (f" · {note}" if note else "")
         )
 
@@ -285,8 +286,9 @@ class AgenticWebserverBenchmark(RolloutBenchmark):
         return (
             f"{summary.records} rollouts · {m.get('webserver_ok')} webserver_ok · "
             f"{m.get('followed_directions')} followed directions · "
-            f"s/turn {_fmt(m.get('s_per_turn'))} · decode {_fmt(m.get('decode_tps'))} tok/s · "
-            f"e2e {summary.e2e_s or 0:.1f} s"
+            f"s/turn {number_text(m.get('s_per_turn'))} · "
+            f"decode {number_text(m.get('decode_tps'))} tok/s · "
+            f"e2e {duration_text(summary.e2e_s)}"
         )
 
     def table(self, summary: RunSummary, stages: Any) -> Table:
@@ -296,8 +298,8 @@ class AgenticWebserverBenchmark(RolloutBenchmark):
             directions = r.metrics.get("directions") or {}
             rows.append([
                 r.index, "ok" if r.metrics.get("webserver_ok") else "FAILED",
-                f"{sum(directions.values())}/6", f"{r.total_s or 0:.1f}",
-                f"{r.metrics.get('agent_wall_s') or 0:.1f}", r.turns or 0,
+                f"{sum(directions.values())}/6", number_text(r.total_s),
+                number_text(r.metrics.get("agent_wall_s")), r.turns or 0,
                 r.metrics.get("tool_calls") or 0, r.tokens.completion or 0,
                 r.metrics.get("note", ""),
             ])  # fmt: skip
@@ -309,7 +311,3 @@ class AgenticWebserverBenchmark(RolloutBenchmark):
 
     def verdict(self, summary: RunSummary) -> Verdict:
         return verdict(self.progress.records, summary.metrics, self.values)
-
-
-def _fmt(x: float | int | None) -> str:
-    return "-" if x is None else f"{x:.2f}"

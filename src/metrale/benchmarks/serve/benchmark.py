@@ -44,8 +44,9 @@ from metrale.benchmarks.serve.prompts import (
     load_jsonl,
     synthetic,
 )
-from metrale.benchmarks.serve.table import levels_table, ms_text, num_text
+from metrale.benchmarks.serve.table import levels_table, ms_text
 from metrale.errors import UsageError
+from metrale.fmt import number_text
 from metrale.plugin import (
     BenchmarkResult,
     Descriptor,
@@ -55,7 +56,7 @@ from metrale.plugin import (
     RunSummary,
     Status,
 )
-from metrale.rollout import BenchmarkBase
+from metrale.plugin.lifecycle import BenchmarkBase
 from metrale.stats import percentile
 
 
@@ -275,7 +276,7 @@ class ServeBenchmark(BenchmarkBase):
         result.done = len(state.measured)
         result.total = state.spec.measure.count
         result.summary = (
-            f"{state.recent_rate(now):.1f} req/s · in flight {state.in_flight} · "
+            f"{number_text(state.recent_rate(now))} req/s · in flight {state.in_flight} · "
             f"measured {len(state.measured)} · "
             f"TTFT p50/p90 {ms_text(ttft, 50)}/{ms_text(ttft, 90)} ms · "
             f"TPOT p50/p90 {ms_text(tpots, 50)}/{ms_text(tpots, 90)} ms · errors {errors}"
@@ -313,9 +314,9 @@ class ServeBenchmark(BenchmarkBase):
             m = head.metrics
             summary = (
                 f"{len(levels)} level(s); {'knee ' if len(levels) > 1 else ''}{head.label}: "
-                f"{num_text(m.get('request_throughput'))} req/s, "
-                f"{num_text(m.get('output_throughput'))} tok/s, "
-                f"goodput {num_text(m.get('goodput'))}"
+                f"{number_text(m.get('request_throughput'))} req/s, "
+                f"{number_text(m.get('output_throughput'))} tok/s, "
+                f"goodput {number_text(m.get('goodput'))}"
             )
         return BenchmarkResult(
             status=Status.COMPLETED,
@@ -338,6 +339,7 @@ class ServeBenchmark(BenchmarkBase):
             return None
         records = self._records.get(head.index, [])
         return RunSummary(
+            declared=[m.declaration() for m in self.metrics()],
             unit="request",
             records=len(records),
             errors=sum(1 for r in records if not r.ok),
@@ -362,8 +364,8 @@ class ServeBenchmark(BenchmarkBase):
         for lv in levels:
             lag = lv.metrics.get("sched_lag_ms_p99", lv.metrics.get("sched_lag_ms_max"))
             if lag is not None and lag > 5.0:
-                self._log("warn", f"{lv.label}: client scheduling lag p99 {lag:.1f} ms > 5 ms; "
-                          "the client, not the server, may be limiting this level")  # fmt: skip
+                text = f"{lv.label}: client scheduling lag p99 {number_text(lag)} ms > 5 ms"
+                self._log("warn", text + "; the client, not the server, may be limiting this level")
         if not self.slos and len(levels) > 1:
             self._log("info", "no --slo given: goodput equals throughput, the knee is saturation")
 

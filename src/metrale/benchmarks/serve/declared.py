@@ -31,9 +31,10 @@ from metrale.plugin.metrics import Stat
 WINDOWS = 10
 #: Latency series and the per-request value each is a percentile of (seconds).
 _LATENCY = {
-    "ttft": "time to first content token, from the send",
+    "ttft": "time to the first output chunk (content, reasoning or a tool call; TTFC, first "
+    "content, is not this), from the send (`metrale.endpoint.stream`)",
     "tpot": "(E2E - TTFT) / (output tokens - 1), per request",
-    "itl": "gap between content tokens, every token of every request",
+    "itl": "gap between consecutive output chunks, every gap of every request",
     "e2e": "send to the end of the stream",
 }
 _QS: tuple[Stat, ...] = ("p50", "p90", "p99")

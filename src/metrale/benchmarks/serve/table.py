@@ -4,22 +4,14 @@ from __future__ import annotations
 
 from metrale.benchmarks.serve.metrics import q_text
 from metrale.benchmarks.serve.params import LevelSummary
+from metrale.fmt import in_unit, number_text
 from metrale.plugin import Table
 from metrale.stats import percentile
 
 
 def ms_text(values: list[float], q: float) -> str:
-    p = percentile(values, q)
-    return "-" if p is None else f"{p * 1000:.1f}"
-
-
-def num_text(x: float | int | None) -> str:
-    """Three significant digits, never an exponent (1080, not 1.08e+03)."""
-    if x is None:
-        return "-"
-    if abs(x) >= 100:
-        return f"{x:.0f}"
-    return f"{x:.3g}"
+    """The q-th percentile of `values` (seconds) in ms, written as `metrale.fmt` writes it."""
+    return in_unit(percentile(values, q), "ms")
 
 
 def levels_table(levels: list[LevelSummary], knee_index: int | None, qs: list[float]) -> Table:
@@ -35,12 +27,12 @@ def levels_table(levels: list[LevelSummary], knee_index: int | None, qs: list[fl
         name = lv.label + (" *knee" if knee_index is not None and lv.index == knee_index else "")
 
         def ms(key: str, m: dict[str, float | int | None] = m) -> str:
-            return num_text(m.get(key))
+            return number_text(m.get(key))
 
         rows.append([
-            name, num_text(m.get("request_throughput")), num_text(m.get("output_throughput")),
+            name, number_text(m.get("request_throughput")), number_text(m.get("output_throughput")),
             m.get("peak_output_tps"), ms(f"ttft_ms_{lo}"), ms(f"ttft_ms_{hi}"),
             ms(f"tpot_ms_{lo}"), ms(f"tpot_ms_{hi}"), ms(f"itl_ms_{lo}"), ms(f"e2e_ms_{lo}"),
-            num_text(m.get("goodput")), m.get("errors"), ms("sched_lag_ms_p99"),
+            number_text(m.get("goodput")), m.get("errors"), ms("sched_lag_ms_p99"),
         ])  # fmt: skip
     return Table(columns=[*cols[:4], *(c + " ms" if " p" in c else c for c in cols[4:])], rows=rows)

@@ -21,6 +21,7 @@ from typing import ClassVar
 
 from metrale.benchmarks.terminal_bench import prepare as once
 from metrale.benchmarks.terminal_bench.rollout import TaskRollout, TaskRun, task_runtime_config
+from metrale.fmt import duration_text, number_text
 from metrale.plugin import Descriptor, Metric, ParamSpec, PluginHandle, RunSummary
 from metrale.rollout import RolloutBenchmark, RolloutRecord
 from metrale.runtime.base import RuntimeConfig
@@ -144,9 +145,9 @@ class TerminalBenchBenchmark(RolloutBenchmark):
             else f" · image {'cached' if image.cached else f'built {image.build_s:.1f} s'}"
         )
         return (
-            f"{summary.records} rollouts · {m.get('passed') or 0:.0f} passed · "
-            f"reward {'-' if reward is None else f'{reward:.3f}'} · {summary.errors} errors · "
-            f"e2e {summary.e2e_s or 0:.1f} s{build}"
+            f"{summary.records} rollouts · {number_text(m.get('passed') or 0)} passed · "
+            f"reward {number_text(reward)} · {summary.errors} errors · "
+            f"e2e {duration_text(summary.e2e_s)}{build}"
         )
 
     def counters(self) -> dict[str, float | int | None]:

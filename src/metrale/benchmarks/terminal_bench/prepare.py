@@ -31,8 +31,8 @@ from metrale.runtime.configs import (
     BwrapConfig,
     DockerConfig,
     RayConfig,
-    check_docker,
 )
+from metrale.runtime.configs import check_runtime as check_machine
 
 #: Runtimes a task can run in: it needs its image's file system, which only these provide.
 RUNTIMES = ("docker", "bwrap", "ray")
@@ -120,7 +120,9 @@ def check_engine(run: TaskRun, values: Mapping[str, Any], config: RuntimeConfig)
     """Blocking, before any work: the engine that builds images answers, and every base image
     of the task is present locally (each a UsageError naming what is missing and the fix)."""
     cli = engine_cli(config)
-    check_docker(DockerConfig(cli=cli))
+    inner = config.inner if isinstance(config, RayConfig) else config
+    # the docker runtime's own check probes this engine, once per run (`check_runtime`)
+    check_machine(inner if isinstance(inner, DockerConfig) else DockerConfig(cli=cli))
     check_bases(run.task, cli, parse_base_images(values.get("base_image")))
 
 
