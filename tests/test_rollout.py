@@ -786,3 +786,22 @@ def test_before_runtime_runs_first_without_a_sandbox_then_setup_has_one() -> Non
     [record] = run(p)
     assert record.error is None
     assert ledger.events[:2] == ["before: runtime False, starts 0", "setup: runtime True"]
+
+
+class _RecordsThenRaises(Task):
+    """As gsm8k: the failed call's retries are copied onto the record, then its error (which
+    carries the same retries) is re-raised."""
+
+    async def generate(self, ctx: RolloutContext) -> None:
+        ctx.record.retries = 3
+        raise Boom("HTTP 503", "http_503", retries=3)
+
+
+def test_retries_carried_by_both_the_record_and_the_error_count_once() -> None:
+    ledger = Ledger()
+    progress = Progress()
+    p = plan(ledger, count=2)
+    p.make_task = lambda i: _RecordsThenRaises(ledger, i)
+    run(p, progress)
+    assert [r.retries for r in progress.records] == [3, 3]
+    assert progress.retries == 6
