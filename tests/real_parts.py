@@ -1,6 +1,7 @@
 """The `real` marker: tests that start real parts (a bwrap sandbox, a container, llama.cpp, Ray,
-Chromium, cargo) are marked `real`, so that `pytest -m "not real"` is the fast set a contributor
-runs while working (docs/testing.md) and the full suite stays the CI gate.
+Chromium, cargo, or the metrale command line end to end in a child process) are marked `real`,
+so that `pytest -m "not real"` is the fast set a contributor runs while working
+(docs/testing.md) and the full suite stays the CI gate.
 
 The marker is applied here, at collection, so that a new test cannot forget it:
 
@@ -8,6 +9,9 @@ The marker is applied here, at collection, so that a new test cannot forget it:
   step, a Ray cluster);
 - by path: every test of a file in `REAL_FILES` (files that are about a real part);
 - by parameter: a test parametrized with a real runtime (`[bwrap]`, `[docker-...]`, `[ray-bwrap]`);
+- by what it calls: a test, or a fixture it uses, whose code reaches `python -m metrale CMD`
+  (other than `sim`, the test double) through functions of the test modules (`run_cli`,
+  `tests.faults.helpers.cli`, a module's own helper);
 - by hand, `@pytest.mark.real`, for the rest.
 
 And a test that starts a real part without the marker fails: while such a test runs, an audit
@@ -19,9 +23,12 @@ teardown report turns them into a failure naming what was started and how to mar
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
+import re
 import sys
 import tempfile
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,8 +73,48 @@ REAL_FILES = frozenset({
 REAL_PARAMS = frozenset({"bwrap", "docker", "ray", "podman", "image"})
 
 
+#: Source text that starts the metrale command line (not `metrale sim`) in a child process.
+_CLI = re.compile(r'"-m",\s*"metrale",(?!\s*"sim")')
+
+
+def _code_names(code: types.CodeType) -> Iterator[str]:
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_names(const)
+
+
+def runs_cli(func: object, seen: set[object] | None = None) -> bool:
+    """Whether `func` (a test, a fixture), or a function of the test modules it calls, starts
+    the metrale command line: its source matches `_CLI` (`-m metrale CMD`, CMD not `sim`)."""
+    seen = set() if seen is None else seen
+    if not inspect.isfunction(func):
+        return False
+    func = inspect.unwrap(func)
+    if func in seen:
+        return False
+    seen.add(func)
+    if not (func.__module__ or "").startswith("tests") or func.__module__ == __name__:
+        return False
+    try:
+        if _CLI.search(inspect.getsource(func)):
+            return True
+    except (OSError, TypeError):
+        return False
+    names = func.__globals__
+    return any(runs_cli(names.get(n), seen) for n in set(_code_names(func.__code__)))
+
+
+def _fixture_funcs(item: pytest.Item) -> Iterator[object]:
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in getattr(info, "name2fixturedefs", {}).values():
+        for d in defs:
+            yield d.func
+
+
 def is_real(item: pytest.Item, root: Path) -> bool:
-    """Whether `item` starts a real part, by the rules above (marker, fixture, path, params)."""
+    """Whether `item` starts a real part, by the rules above (marker, fixture, path, params,
+    what it calls)."""
     if item.get_closest_marker(REAL) is not None:
         return True
     if REAL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
@@ -79,7 +126,11 @@ def is_real(item: pytest.Item, root: Path) -> bool:
     if path in REAL_FILES:
         return True
     params = item.name.partition("[")[2].rstrip("]")
-    return bool(REAL_PARAMS.intersection(params.split("-"))) if params else False
+    if params and REAL_PARAMS.intersection(params.split("-")):
+        return True
+    seen: set[object] = set()
+    funcs = [getattr(item, "function", None), *_fixture_funcs(item)]
+    return any(runs_cli(f, seen) for f in funcs)
 
 
 def pytest_configure(config: pytest.Config) -> None:

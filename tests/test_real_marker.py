@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.real_parts import REAL, is_real, spawnwatch
+from tests.conftest import run_cli, start_sim
+from tests.real_parts import REAL, is_real, runs_cli, spawnwatch
 
 LOG_VARIABLE = spawnwatch.LOG_VARIABLE
 
@@ -43,6 +44,7 @@ class FakeItem:
         ("tests/matrix/test_sweep.py", "test_y", ["tmp_path", "warm_cargo"], False, True),
         ("tests/runtime/test_escapes.py", "test_z[host]", ["bwrap_root"], False, True),
     ],
+    ids=lambda v: "" if isinstance(v, list | bool) else str(v).replace("/", ".").replace("-", "."),
 )
 def test_the_marker_is_applied_by_fixture_path_and_parameter(
     path: str, name: str, fixtures: list[str], marked: bool, real: bool
@@ -56,6 +58,7 @@ import subprocess, sys
 import pytest
 
 BWRAP = {bwrap!r}
+PYTHON = {python!r}
 
 def test_starts_bwrap_unmarked():
     subprocess.run([BWRAP, "--version"], check=True)
@@ -69,7 +72,7 @@ def test_a_child_starts_bwrap_unmarked():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 def test_a_child_runs_llama_cpp_unmarked():
-    subprocess.run([sys.executable, "-m", "llama_cpp.server", "--help"], capture_output=True)
+    subprocess.run([PYTHON, "-m", "llama_cpp.server"], check=True)
 
 def test_starts_only_a_shell():
     subprocess.run(["sh", "-c", "true"], check=True)
@@ -85,12 +88,16 @@ def test_swallows_what_it_started():
 def test_a_test_that_starts_a_real_part_without_the_marker_fails(tmp_path: Path) -> None:
     """A stand-in `bwrap` (a script: the check goes by the program's name, so this runs on a
     machine without bubblewrap) started by the test, by a Python child, or started and its
-    failure swallowed; `python -m llama_cpp.server` in a child."""
+    failure swallowed; `python -m llama_cpp.server` (a stand-in python) started by the test."""
     bwrap = tmp_path / "bin" / "bwrap"
     bwrap.parent.mkdir()
     bwrap.write_text('#!/bin/sh\n[ "$1" = --fail ] && exit 1\nexit 0\n')
     bwrap.chmod(0o755)
-    (tmp_path / "test_inner.py").write_text(textwrap.dedent(INNER.format(bwrap=str(bwrap))))
+    python = tmp_path / "bin" / "python-stand-in"  # a python by its name: no model is loaded
+    python.write_text("#!/bin/sh\nexit 0\n")
+    python.chmod(0o755)
+    inner = INNER.format(bwrap=str(bwrap), python=str(python))
+    (tmp_path / "test_inner.py").write_text(textwrap.dedent(inner))
     # the inner session watches its own tests; this test's watch must not see them
     env = {k: v for k, v in os.environ.items() if k != LOG_VARIABLE}
     done = subprocess.run(
@@ -117,3 +124,23 @@ def test_a_test_that_starts_a_real_part_without_the_marker_fails(tmp_path: Path)
     }, out[-3000:]
     assert "starts a real part but is not marked `real`: bwrap" in out
     assert "llama.cpp" in out
+
+
+def _runs_a_report() -> None:
+    run_cli(["report", "nowhere"])
+
+
+def _helper_of_a_helper() -> None:
+    _runs_a_report()
+
+
+def _starts_the_sim_only() -> None:
+    with start_sim("--ttft", "0.1"):
+        pass
+
+
+def test_a_test_that_reaches_the_command_line_is_found_by_its_code() -> None:
+    """The command line through `run_cli` (or a helper of a helper) makes a test `real`; the
+    simulator alone (`metrale sim`, the test double) does not."""
+    assert runs_cli(_runs_a_report) and runs_cli(_helper_of_a_helper)
+    assert not runs_cli(_starts_the_sim_only)

@@ -1,8 +1,9 @@
 """Spawn watch for the `real` marker (tests/real_parts.py), loaded by every Python process the
 tests start (this directory is put first on their PYTHONPATH): when `METRALE_TEST_SPAWN_LOG`
 names a file, every real part this process starts (a sandbox, a container, llama.cpp, Ray,
-Chromium, cargo) is appended to it as one line, so that a test not marked `real` which starts
-one through `python -m metrale ...` is caught as surely as one that starts it in-process.
+Chromium, cargo, the metrale command line) is appended to it as one line, so that a test not
+marked `real` which starts one through `python -m metrale ...` is caught as surely as one that
+starts it in-process.
 
 Self-contained on purpose: a child's sys.path holds only this directory of the tests.
 """
@@ -35,7 +36,10 @@ def real_part(argv: object) -> str | None:
     if program in REAL_PROGRAMS:
         return REAL_PROGRAMS[program]
     if program.startswith("python") and "-m" in args[:-1]:
-        module = args[args.index("-m") + 1].split(".")[0]
+        at = args.index("-m") + 1
+        module = args[at].split(".")[0]
+        if module == "metrale":  # the command line end to end; the simulator is a test double
+            return None if args[at + 1 : at + 2] == ["sim"] else "the metrale command line"
         return REAL_MODULES.get(module)
     return None
 
