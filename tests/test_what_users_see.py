@@ -266,3 +266,21 @@ def test_a_run_of_failing_calls_reads_one_error_and_its_own_retries_per_rollout(
     assert by_metric["errors"][2:4] == ["5", "0"]
     assert by_metric["error_rate"][2:4] == ["1", "0"]
     assert by_metric["retries"][2:4] == ["10", "0"]
+
+
+def test_counts_read_in_their_own_unit_and_fewer_is_better() -> None:
+    """The unit `compare` and `report` print beside each standard count, and the direction
+    that makes fewer errors `better` (a unit swapped with a direction would read `higher`)."""
+    declared = {m.name: (m.unit, m.better) for m in ROLLOUT_METRICS}
+    assert declared["errors"] == ("rollouts", "lower")
+    assert declared["error_rate"] == ("fraction", "lower")
+    assert declared["retries"] == ("calls", "lower")
+    assert declared["reward_mean"] == ("reward", "higher")
+    assert declared["e2e_s"] == ("s", "lower")
+    for name in STAGE_P50:
+        assert declared[name] == ("s", "lower"), name
+    a = cell_of(records(failed=5))
+    b = cell_of(records(failed=1, kind="http_500"))
+    rows = {r.metric: r for r in compare_cells(a, b, resamples=200)}
+    assert rows["errors"].verdict == "better" and rows["error_rate"].verdict == "better"
+    assert rows["setup"].verdict == "same"
