@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -90,6 +91,10 @@ def _bwrap(**options: Any) -> bwrap_module.BwrapRuntime:
     return runtime
 
 
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
 def _fail_start(runtime: bwrap_module.BwrapRuntime) -> BaseException:
     async def main() -> BaseException:
         try:
@@ -139,7 +144,10 @@ def _spawn(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> dict[str, Any]:
     return {}
 
 
-@step("bwrap refuses to start (its root does not exist)")
+REFUSED = "bwrap refuses to start (its root does not exist)"
+
+
+@step(REFUSED)
 def _bwrap_refuses(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> dict[str, Any]:
     missing = tmp / "no-such-root"
     missing.mkdir()  # the config checks that it exists; bwrap then finds it gone
@@ -172,11 +180,15 @@ def test_a_failed_bwrap_start_leaves_nothing_without_a_stop(
 ) -> None:
     options = STEPS[case](monkeypatch, tmp_path)
     runtime = _bwrap(**options)
+    fds = _open_fds()
     exc = _fail_start(runtime)
     assert isinstance(exc, RuntimeStartError | OSError), repr(exc)
     assert made.workdirs, "the start failed before it made its workdir: the case tests nothing"
     assert made.left() == [], f"{case}: left behind {made.left()}"
     assert runtime.workdir is None or not runtime.workdir.exists()
+    if case != REFUSED:  # a start bwrap refuses leaves one pipe open: see docs/testing.md
+        left = {f: os.readlink(f"/proc/self/fd/{f}") for f in _open_fds() - fds}
+        assert not left, f"the failed start left file descriptors open: {left}"
 
 
 @needs_bwrap
