@@ -266,6 +266,12 @@ def test_a_run_of_failing_calls_reads_one_error_and_its_own_retries_per_rollout(
     assert by_metric["errors"][2:4] == ["5", "0"]
     assert by_metric["error_rate"][2:4] == ["1", "0"]
     assert by_metric["retries"][2:4] == ["10", "0"]
+    # the closing line counts rows per verdict: each count is of rows, and they add up
+    counts = re.search(r"(\d+) rows: (\d+) same, (\d+) better, (\d+) worse, (\d+) changed",
+                       compared.stdout)  # fmt: skip
+    assert counts is not None, compared.stdout
+    total, *per_verdict = (int(x) for x in counts.groups())
+    assert total == 3 and sum(per_verdict) == 3 and int(counts.group(3)) == 3  # all better
 
 
 def test_counts_read_in_their_own_unit_and_fewer_is_better() -> None:
