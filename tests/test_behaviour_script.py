@@ -7,12 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import behaviour
 from mutation import Module
 
-SOURCE = '''from __future__ import annotations
+ROOT = Path(__file__).resolve().parent.parent
+
+SOURCE = """from __future__ import annotations
 
 
 def add(progress, record):
@@ -37,7 +38,7 @@ async def start(runtime):
 
 def show(table, name: str, unit: str):
     return table.column(name, unit)
-'''
+"""
 
 
 def _mutants() -> dict[str, list[behaviour.Mutant]]:
@@ -49,7 +50,7 @@ def _mutants() -> dict[str, list[behaviour.Mutant]]:
 
 def test_it_makes_each_kind_the_issue_names() -> None:
     found = _mutants()
-    changed = {m.kind: [] for m in sum(found.values(), [])}
+    changed: dict[str, list[str]] = {kind: [] for kind in found}
     for kind, ms in found.items():
         for m in ms:
             new = behaviour.apply(SOURCE, m)
