@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from metrale.benchmarks.gsm8k.benchmark import Gsm8kBenchmark
-from metrale.matrix.cellfile import CellResult
-from metrale.matrix.compare import compare_cells
+from metrale.matrix.cellfile import CellResult, write_cell
+from metrale.matrix.compare import compare_cells, compare_paths
 from metrale.matrix.report import export_rows, report_table
 from metrale.plugin import RunSummary
 from metrale.rollout import (
@@ -290,3 +290,22 @@ def test_counts_read_in_their_own_unit_and_fewer_is_better() -> None:
     rows = {r.metric: r for r in compare_cells(a, b, resamples=200)}
     assert rows["errors"].verdict == "better" and rows["error_rate"].verdict == "better"
     assert rows["setup"].verdict == "same"
+
+
+def test_comparing_two_sweeps_keeps_every_cell_under_its_own_name(tmp_path: Path) -> None:
+    """Two sweeps of two cells each: every cell's rows are in the comparison, each with that
+    cell's own numbers (not the last cell's, not one cell's twice)."""
+    failed = {"bwrap-r7": (5, 1), "subprocess-r7": (2, 0)}  # errors in sweep a, in sweep b
+    for side in (0, 1):
+        out = tmp_path / "ab"[side]
+        out.mkdir()
+        for name, errors in failed.items():
+            write_cell(out, cell_of(records(failed=errors[side]), name=name))
+    result = compare_paths(tmp_path / "a", tmp_path / "b", resamples=200)
+    by_cell: dict[str, dict[str, object]] = {}
+    for row in result.rows:
+        by_cell.setdefault(row.cell, {})[row.metric] = row
+    assert set(by_cell) == set(failed)
+    for name, (in_a, in_b) in failed.items():
+        errors = by_cell[name]["errors"]
+        assert (errors.a, errors.b) == (in_a, in_b), name  # type: ignore[attr-defined]
