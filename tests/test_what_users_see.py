@@ -203,7 +203,11 @@ def test_report_table_and_export_show_each_stage_and_the_error_count() -> None:
 def test_compare_reads_each_metric_of_each_side_under_its_own_name() -> None:
     a = cell_of(records(failed=5))
     b = cell_of(records(failed=1, kind="http_500", scale=2.0))
-    rows = {r.metric: r for r in compare_cells(a, b, resamples=200)}
+    compared = compare_cells(a, b, resamples=200)
+    # every row, those without a sample too, is this cell's and names a declared metric
+    assert {r.cell for r in compared} == {"bwrap-r7"}
+    assert {r.metric for r in compared} == {m.name for m in Gsm8kBenchmark().metrics()}
+    rows = {r.metric: r for r in compared}
     for name, p50 in STAGE_P50.items():
         assert rows[name].a == pytest.approx(p50), name
         assert rows[name].b == pytest.approx(2 * p50), name
