@@ -74,7 +74,7 @@ REAL_PARAMS = frozenset({"bwrap", "docker", "ray", "podman", "image"})
 
 
 #: Source text that starts the metrale command line (not `metrale sim`) in a child process.
-_CLI = re.compile(r'"-m",\s*"metrale",(?!\s*"sim")')
+_CLI = re.compile(r'"-m",\s*"metrale",(?!\s*"sim")|-m metrale\b(?!\s+sim\b)')
 
 
 def _code_names(code: types.CodeType) -> Iterator[str]:

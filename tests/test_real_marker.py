@@ -74,6 +74,9 @@ def test_a_child_starts_bwrap_unmarked():
 def test_a_child_runs_llama_cpp_unmarked():
     subprocess.run([PYTHON, "-m", "llama_cpp.server"], check=True)
 
+def test_a_shell_runs_the_command_line_unmarked():
+    subprocess.run(["sh", "-c", f"exec {{sys.executable}} -m metrale --version"], check=True)
+
 def test_starts_only_a_shell():
     subprocess.run(["sh", "-c", "true"], check=True)
 
@@ -119,6 +122,7 @@ def test_a_test_that_starts_a_real_part_without_the_marker_fails(tmp_path: Path)
         "test_starts_bwrap_marked": "passed",
         "test_a_child_starts_bwrap_unmarked": "failed",
         "test_a_child_runs_llama_cpp_unmarked": "failed",
+        "test_a_shell_runs_the_command_line_unmarked": "failed",
         "test_starts_only_a_shell": "passed",
         "test_swallows_what_it_started": "failed",
     }, out[-3000:]
@@ -134,6 +138,10 @@ def _helper_of_a_helper() -> None:
     _runs_a_report()
 
 
+def _runs_a_shim(tmp: Path) -> None:
+    (tmp / "metrale").write_text(f'#!/bin/sh\nexec {sys.executable} -m metrale "$@"\n')
+
+
 def _starts_the_sim_only() -> None:
     with start_sim("--ttft", "0.1"):
         pass
@@ -142,5 +150,5 @@ def _starts_the_sim_only() -> None:
 def test_a_test_that_reaches_the_command_line_is_found_by_its_code() -> None:
     """The command line through `run_cli` (or a helper of a helper) makes a test `real`; the
     simulator alone (`metrale sim`, the test double) does not."""
-    assert runs_cli(_runs_a_report) and runs_cli(_helper_of_a_helper)
+    assert runs_cli(_runs_a_report) and runs_cli(_helper_of_a_helper) and runs_cli(_runs_a_shim)
     assert not runs_cli(_starts_the_sim_only)

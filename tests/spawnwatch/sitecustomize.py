@@ -35,6 +35,8 @@ def real_part(argv: object) -> str | None:
     program = os.path.basename(args[0])
     if program in REAL_PROGRAMS:
         return REAL_PROGRAMS[program]
+    if program == "metrale":  # the console script, or a shim of that name
+        return None if args[1:2] == ["sim"] else "the metrale command line"
     if program.startswith("python") and "-m" in args[:-1]:
         at = args.index("-m") + 1
         module = args[at].split(".")[0]
@@ -66,3 +68,8 @@ def _log_to_file(event: str, args: tuple[object, ...]) -> None:
 
 if os.environ.get(LOG_VARIABLE):
     sys.addaudithook(_log_to_file)
+    # this process itself, however it was reached (a shell, a `metrale` shim that execs python)
+    _me = real_part(getattr(sys, "orig_argv", sys.argv))
+    if _me is not None:
+        with open(os.environ[LOG_VARIABLE], "a") as _log:
+            _log.write(f"{_me} (pid {os.getpid()}: {' '.join(sys.orig_argv)[:200]})\n")
