@@ -19,6 +19,11 @@ the type checker is imported at run time too), so all three are dropped before t
     python scripts/mutation.py                 # every module, score table on stdout
     python scripts/mutation.py stats rollout   # some modules
     python scripts/mutation.py --list          # modules and their test files
+    python scripts/mutation.py --behaviour pool  # behaviour mutants instead (scripts/behaviour.py)
+
+Beside cosmic-ray's operators, `--behaviour` makes the changes a user would notice and no
+operator makes (two same-typed fields or arguments swapped, a cleanup call dropped from an error
+path, a count replaced by a count of distinct values): see `scripts/behaviour.py`.
 
 Survivors (module, line, operator and the diff) go to `mutation-survivors.txt` in the current
 directory. Needs the `mutation` extra (`pip install -e '.[dev,mutation]'`).
@@ -81,6 +86,7 @@ MODULES: dict[str, Module] = {
             "tests/test_driver.py",
             "tests/test_warm_pool.py",
             "tests/test_reservoir.py",
+            "tests/test_what_users_see.py",
         ),
     ),
     # the warm pool (--runtime-pool) and the bounded samples the summary is built from
@@ -89,11 +95,12 @@ MODULES: dict[str, Module] = {
         "src/metrale/rollout/reservoir.py", ("tests/test_reservoir.py", "tests/test_rollout.py")
     ),
     "driver": Module(
-        "src/metrale/rollout/driver.py", ("tests/test_driver.py", "tests/test_rollout.py")
+        "src/metrale/rollout/driver.py",
+        ("tests/test_driver.py", "tests/test_rollout.py", "tests/test_what_users_see.py"),
     ),
     "records": Module(
         "src/metrale/rollout/records.py",
-        ("tests/test_rollout.py", "tests/test_driver.py"),
+        ("tests/test_rollout.py", "tests/test_driver.py", "tests/test_what_users_see.py"),
     ),
     "summary": Module(
         "src/metrale/rollout/summary.py",
@@ -103,13 +110,22 @@ MODULES: dict[str, Module] = {
             "tests/test_start_limiter.py",
             "tests/test_reservoir.py",
             "tests/benchmarks/agentic_webserver/test_metrics.py",
+            "tests/test_what_users_see.py",
         ),
     ),
     "limiter": Module("src/metrale/rollout/limiter.py", ("tests/test_start_limiter.py",)),
-    "compare": Module("src/metrale/matrix/compare.py", ("tests/matrix/test_compare.py",)),
+    "compare": Module(
+        "src/metrale/matrix/compare.py",
+        ("tests/matrix/test_compare.py", "tests/test_what_users_see.py"),
+    ),
     # Budgets: reading BENCH.toml (budgets.py) and the check that makes them a verdict
     # (plugin/results.py; only the bound-checking part of it is core).
     "budgets": Module("src/metrale/budgets.py", ("tests/test_budgets.py", "tests/test_plugin.py")),
+    # The bwrap runtime's start and stop: what a failed, cancelled or finished sandbox leaves.
+    "bwrap": Module(
+        "src/metrale/runtime/bwrap.py",
+        ("tests/runtime/test_start_cleanup.py", "tests/runtime/test_bwrap_stop.py"),
+    ),
     "verdict": Module(
         "src/metrale/plugin/results.py",
         ("tests/test_budgets.py", "tests/test_plugin.py"),
@@ -305,6 +321,11 @@ def _kill_leftovers(work: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--behaviour" in argv:
+        from behaviour import main as behaviour_main
+
+        return behaviour_main([a for a in argv if a != "--behaviour"])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("modules", nargs="*", help=f"default: all of {', '.join(MODULES)}")
     parser.add_argument("--list", action="store_true", help="show modules and their tests")
@@ -323,6 +344,11 @@ def main(argv: list[str] | None = None) -> int:
         help="run every N-th mutant from the I-th (0-based): split across machines",
     )
     parser.add_argument("--survivors", type=Path, default=Path("mutation-survivors.txt"))
+    parser.add_argument(
+        "--behaviour",
+        action="store_true",
+        help="behaviour mutants instead of cosmic-ray's (scripts/behaviour.py)",
+    )
     args = parser.parse_args(argv)
     if args.list:
         for name, m in MODULES.items():

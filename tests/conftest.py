@@ -14,6 +14,14 @@ from dataclasses import dataclass
 
 import pytest
 
+# The `real` marker, applied at collection, and the check that no unmarked test starts a real part.
+from tests.real_parts import (  # noqa: F401
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_runtest_makereport,
+    pytest_runtest_setup,
+)
+
 
 @dataclass
 class Sim:

@@ -786,3 +786,41 @@ def test_before_runtime_runs_first_without_a_sandbox_then_setup_has_one() -> Non
     [record] = run(p)
     assert record.error is None
     assert ledger.events[:2] == ["before: runtime False, starts 0", "setup: runtime True"]
+
+
+class _RecordsThenRaises(Task):
+    """As gsm8k: the failed call's retries are copied onto the record, then its error (which
+    carries the same retries) is re-raised."""
+
+    async def generate(self, ctx: RolloutContext) -> None:
+        ctx.record.retries = 3
+        raise Boom("HTTP 503", "http_503", retries=3)
+
+
+def test_retries_carried_by_both_the_record_and_the_error_count_once() -> None:
+    ledger = Ledger()
+    progress = Progress()
+    p = plan(ledger, count=2)
+    p.make_task = lambda i: _RecordsThenRaises(ledger, i)
+    run(p, progress)
+    assert [r.retries for r in progress.records] == [3, 3]
+    assert progress.retries == 6
+
+
+def test_a_start_is_retried_exactly_runtime_retries_times_however_many() -> None:
+    """Each failed start counts once toward the limit: with 2 retries, the third failure ends
+    the rollout (a counter that stopped counting would retry until a start succeeded)."""
+    ledger = Ledger()
+    [record] = run(plan(ledger, fail_starts=5, runtime_retries=2))
+    assert record.error is not None and record.error.message == "start 3 failed"
+    assert record.runtime_retries == 2
+    assert ledger.starts == 3 and ledger.stops == 3
+
+
+def test_a_resumed_unbounded_batch_runs_what_is_left_at_once() -> None:
+    """Rollouts already recorded are skipped, and the rest still run together when no bound
+    is given: the number left is counted, not collapsed to one."""
+    ledger = Ledger()
+    records = run(plan(ledger, count=6, skip={1, 4}, sleep_s=0.05, with_runtime=False))
+    assert [r.index for r in records] == [0, 2, 3, 5]
+    assert ledger.peak == 4

@@ -2,6 +2,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from metrale import stats
 from metrale.stats import Spread, bootstrap_diff, percentile
 
 
@@ -144,3 +145,12 @@ def test_an_interval_is_95_percent_unless_it_says_otherwise() -> None:
     from metrale.stats import Interval
 
     assert Interval(estimate=1.0, low=0.0, high=2.0).level == 0.95
+
+
+def test_a_sample_with_repeated_values_counts_every_value() -> None:
+    """Rewards and error flags are 0/1 samples: every value counts, not every distinct one."""
+    flags = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+    assert stats.mean(flags) == 0.75
+    spread = stats.Spread.of(flags)
+    assert (spread.n, spread.mean, spread.min, spread.max) == (8, 0.75, 0.0, 1.0)
+    assert stats.percentile([2.0, 2.0, 2.0, 2.0, 7.0], 50) == 2.0

@@ -177,8 +177,13 @@ class RayRuntime(RuntimeBase):
         )
         try:
             self.node_id = await self.actor.start.remote()
-        except Exception as exc:
-            raise RuntimeStartError(f"ray sandbox did not start: {exc}") from exc
+        except BaseException as exc:
+            # failed or cancelled: the actor holds its CPUs until it is killed, whether or not
+            # the caller goes on to stop() (a cancelled start is often never stopped)
+            await self.stop()
+            if isinstance(exc, Exception):
+                raise RuntimeStartError(f"ray sandbox did not start: {exc}") from exc
+            raise
 
     def _require(self) -> Any:
         if self.actor is None or self._stopped:
