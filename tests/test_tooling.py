@@ -99,6 +99,7 @@ def test_the_checks_pass_on_the_tree_as_it_is(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.real  # pip builds a wheel in a child process: minutes, not the fast set
 def test_the_wheel_ships_py_typed(tmp_path: Path) -> None:
     """PEP 561: a type checker reads an installed package's annotations only when it holds
     `py.typed`; it must be in the wheel, not only in the source tree."""

@@ -96,7 +96,9 @@ def summary_of(recs: list[RolloutRecord]) -> tuple[Progress, RunSummary]:
 def cell_of(recs: list[RolloutRecord], name: str = "bwrap-r7") -> CellResult:
     _, summary = summary_of(recs)
     base = CellResult(cell=name, benchmark="gsm8k", runtime="bwrap", rollouts=N)
-    return base.with_summary(summary)
+    cell = base.with_summary(summary)
+    cell.declared = [m.declaration() for m in Gsm8kBenchmark().metrics()]  # as a gsm8k run's
+    return cell
 
 
 _UNITS = {"µs": 1e-6, "ms": 1e-3, "s": 1.0}
