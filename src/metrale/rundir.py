@@ -22,12 +22,18 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Annotated, Any, BinaryIO, TypeVar
 
 import orjson
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from metrale.errors import RecordWriteError, UsageError, read_user_file
+from metrale.errors import (
+    MAX_JSON_BYTES,
+    RecordWriteError,
+    UsageError,
+    data_lines,
+    read_data_file,
+)
 from metrale.plugin import RunSummary
 
 #: Files a run writes; an existing directory with any of them belongs to an earlier run.
@@ -39,6 +45,70 @@ RUN_FILES = (
     "requests.jsonl",
     "retried.jsonl",
 )
+
+
+# --------------------------------------------------------------------------- reading files back
+
+#: A finite number: NaN and infinities in a file are refused like any other wrong type.
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class StoredRun(BaseModel):
+    """`run.json` as read back (by `--resume`, `report`, `compare`): the fields they use, each
+    with its type. A run directory may come from anyone, so a field of the wrong type is a
+    usage error naming the file and the field, never a traceback further on."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    benchmark: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    target: str = ""
+    model: str = ""
+    embedded: bool = False
+    runtime: dict[str, Any] | None = None
+    client: dict[str, Any] = Field(default_factory=dict)
+    budgets: dict[str, FiniteFloat] = Field(default_factory=dict)
+    metrale_version: str = ""
+    started_at: str = ""
+
+
+def field_error(exc: ValidationError) -> str:
+    """The first problem of a validation, as `field: what is wrong` on one line."""
+    err = exc.errors(include_url=False)[0]
+    if err["type"] == "json_invalid":
+        return f"is not valid JSON ({err['msg'].partition(':')[2].strip() or 'truncated'})"
+    where = ".".join(str(p) for p in err["loc"])
+    msg = " ".join(str(err["msg"]).split())
+    if not where:
+        return f"is not a JSON object of the expected form ({msg})"
+    return f"field {where}: {msg} (got {_shown(err.get('input'))})"
+
+
+def _shown(value: object) -> str:
+    text = json.dumps(value, default=str)[:60] if not isinstance(value, str) else repr(value[:60])
+    return text
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_model(
+    path: Path, model: type[M], what: str, *, form: str = "", limit: int = MAX_JSON_BYTES
+) -> M:
+    """A JSON file of a run or sweep directory read as `model`: one `UsageError` line naming
+    the file and the field for anything else (a list, a string, a wrong type, a truncation),
+    and the file read with `read_data_file`'s bounds. `form` says what the file should be."""
+    data = read_data_file(path, what, limit=limit)
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as exc:
+        problem = f"not {form}: {field_error(exc)}" if form else field_error(exc)
+        raise UsageError(f"{what} {path}: {problem}") from None
+
+
+def read_run_file(run_dir: Path) -> StoredRun:
+    """`run_dir/run.json`, typed (`StoredRun`)."""
+    return read_model(run_dir / "run.json", StoredRun, "run file")
 
 
 @dataclass(frozen=True)
@@ -85,17 +155,11 @@ def create_new(path: Path, *, overwrite: bool) -> Path:
     return path
 
 
-def read_run_info(path: Path) -> dict[str, Any]:
-    """`run.json` of a directory to resume, as a dict; a UsageError when it is not a run."""
+def read_run_info(path: Path) -> StoredRun:
+    """`run.json` of a directory to resume; a UsageError when it is not a run."""
     if not path.is_dir():
         raise UsageError(f"--resume {path}: not a directory; accepted: a metrale run directory")
-    text = read_user_file(path / "run.json", "run file")
-    try:
-        info = json.loads(text)
-    except ValueError:
-        raise UsageError(f"--resume {path}: run.json is not JSON") from None
-    if not isinstance(info, dict) or not isinstance(info.get("benchmark"), str):
-        raise UsageError(f"--resume {path}: run.json names no benchmark")
+    info = read_run_file(path)
     if not os.access(path, os.W_OK | os.X_OK):
         raise UsageError(f"run directory {path} is not writable")
     return info
@@ -104,31 +168,32 @@ def read_run_info(path: Path) -> dict[str, Any]:
 def scan_records(path: Path, count: int) -> tuple[dict[int, bool], int | None, int]:
     """Index -> failed? of each whole record of `rollouts.jsonl` (the first per index, indices
     in range only), the byte offset where a torn last line starts (None when none), and the
-    number of whole lines."""
+    number of whole lines. Every whole line must be a rollout record: the resumed run's
+    summary is made of them."""
+    from metrale.rollout import RolloutRecord
+
     found: dict[int, bool] = {}
     torn_at: int | None = None
     lines = 0
     log = path / "rollouts.jsonl"
-    if not log.exists():
+    if not log.exists() and not log.is_symlink():
         return found, None, 0
     offset = 0
-    with log.open("rb") as f:
-        for raw in f:
-            start, offset = offset, offset + len(raw)
-            lines += 1
-            if not raw.endswith(b"\n"):
-                torn_at = start  # only the last line can lack its newline
-                lines -= 1
-                break
-            try:
-                row = json.loads(raw)
-                index = row["index"]
-            except (ValueError, KeyError, TypeError):
-                raise UsageError(
-                    f"--resume {path}: rollouts.jsonl has a damaged line at byte {start}"
-                ) from None
-            if isinstance(index, int) and 0 <= index < count and index not in found:
-                found[index] = row.get("error") is not None
+    for raw in data_lines(log, "rollout records"):
+        start, offset = offset, offset + len(raw)
+        if not raw.endswith(b"\n"):
+            torn_at = start  # only the last line can lack its newline
+            break
+        lines += 1
+        try:
+            record = RolloutRecord.model_validate_json(raw)
+        except ValidationError as exc:
+            raise UsageError(
+                f"--resume {path}: rollouts.jsonl line {lines} (byte {start}) {field_error(exc)}"
+            ) from None
+        index = record.index
+        if 0 <= index < count and index not in found:
+            found[index] = record.error is not None
     return found, torn_at, lines
 
 
@@ -156,11 +221,11 @@ def _rewrite(path: Path, keep: set[int]) -> None:
     log = path / "rollouts.jsonl"
     tmp = path / "rollouts.jsonl.tmp"
     seen: set[int] = set()
-    with log.open("rb") as src, tmp.open("wb") as dst, (path / "retried.jsonl").open("ab") as old:
-        for raw in src:
+    with tmp.open("wb") as dst, (path / "retried.jsonl").open("ab") as old:
+        for raw in data_lines(log, "rollout records"):
             if not raw.endswith(b"\n"):
                 break  # the torn tail
-            index = json.loads(raw).get("index")
+            index = json.loads(raw).get("index")  # `scan_records` read each line as a record
             if index in keep and index not in seen:
                 seen.add(index)
                 dst.write(raw)
@@ -273,20 +338,17 @@ class ResumeRecords:
     indices: frozenset[int]
 
     def records(self) -> Iterator[dict[str, Any]]:
-        with self.path.open(encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    yield json.loads(line)
+        for line in data_lines(self.path, "rollout records"):
+            if line.strip():
+                yield json.loads(line)
 
 
 def run_benchmark_id(run_dir: Path) -> str | None:
     """The benchmark a `metrale run` directory belongs to (from its run.json), or None."""
     try:
-        info = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
+        return read_run_file(run_dir).benchmark
+    except UsageError:
         return None
-    bench = info.get("benchmark") if isinstance(info, dict) else None
-    return bench if isinstance(bench, str) else None
 
 
 #: Numbers per chunk when a summary's arrays are written.

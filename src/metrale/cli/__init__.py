@@ -22,6 +22,7 @@ from metrale import __version__
 from metrale.cli import cleanup, compare, listing, matrix, plot, report, run, sandbox_exec, sim
 from metrale.cli.parsing import Parser
 from metrale.errors import EXIT_USAGE, MetraleError
+from metrale.fmt import safe_text
 
 if TYPE_CHECKING:
     from metrale.plugin import Benchmark
@@ -122,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_USAGE
         return int(args.handler(args, extra))
     except MetraleError as exc:
-        print(f"metrale: error: {exc}", file=sys.stderr)
+        print(f"metrale: error: {safe_text(exc, lines=False)}", file=sys.stderr)
         return exc.exit_code
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("metrale: interrupted", file=sys.stderr)

@@ -40,6 +40,7 @@ def add_parser(sub: Any) -> None:
 
 def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
     from metrale.errors import EXIT_VERDICT_FAILED
+    from metrale.fmt import safe_text
     from metrale.matrix.compare import compare_paths, render_comparison
 
     no_extra(extra)
@@ -47,5 +48,5 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
         raise UsageError(f"--tolerance {args.tolerance} is outside 0..1")
     names = [n.strip() for item in args.metric for n in item.split(",") if n.strip()]
     result = compare_paths(args.a, args.b, rel_tol=args.tolerance, names=names)
-    print(render_comparison(result, "csv" if args.csv else "plain"))
+    print(safe_text(render_comparison(result, "csv" if args.csv else "plain")))
     return EXIT_VERDICT_FAILED if result.worse else 0

@@ -14,12 +14,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from metrale import __version__
-from metrale.errors import UsageError
+from metrale.errors import UsageError, data_lines
 from metrale.plugin import RunSummary
 from metrale.rollout import ROLLOUT_METRICS, RolloutRecord, summarize_records
+from metrale.rundir import field_error, read_model, read_run_file
 
 
 class CellResult(RunSummary):
@@ -83,21 +84,21 @@ def summarize(records: Sequence[RolloutRecord], cell: CellResult) -> CellResult:
 
 
 def read_records(path: Path) -> list[RolloutRecord]:
-    """The rollout records of a run directory; a torn last line (a crash mid-write) is skipped."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
+    """The rollout records of a run directory; a torn last line (a crash mid-write: no
+    newline) is skipped. Any other line that is not a record is a usage error naming the line
+    and the field; the file is read with `errors.data_lines`' bounds."""
+    if not path.exists() and not path.is_symlink():
         return []
     records = []
-    for i, line in enumerate(lines):
+    for i, line in enumerate(data_lines(path, "rollout records"), start=1):
         if not line.strip():
             continue
         try:
             records.append(RolloutRecord.model_validate_json(line))
-        except ValidationError:
-            if i == len(lines) - 1:
+        except ValidationError as exc:
+            if not line.endswith(b"\n"):
                 break
-            raise UsageError(f"{path}:{i + 1} is not a rollout record") from None
+            raise UsageError(f"rollout records {path} line {i}: {field_error(exc)}") from None
     return records
 
 
@@ -119,16 +120,10 @@ def write_cell(out_dir: Path, cell: CellResult) -> Path:
 
 
 def read_cell(path: Path) -> CellResult:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"{path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read {path}: {exc}") from None
-    try:
-        return CellResult.model_validate_json(text)
-    except ValidationError:
-        raise UsageError(f"{path} is not a metrale cell file (from 'metrale matrix')") from None
+    """A cell file; anything else is one line naming the file and the field."""
+    return read_model(
+        path, CellResult, "cell file", form="a metrale cell file (from 'metrale matrix')"
+    )
 
 
 def cell_files(directory: Path) -> list[Path]:
@@ -153,43 +148,59 @@ def read_cells(directory: Path) -> list[CellResult]:
     return sorted((read_cell(p) for p in paths), key=CellResult.sort_key)
 
 
+class _StoredOutcome(BaseModel):
+    status: str | None = None
+    error: str | None = None
+    metrics: dict[str, float | int | None] = Field(default_factory=dict)
+
+
+class _StoredResult(BaseModel):
+    """The part of `result.json` a report reads, typed: a wrong type is named, not ignored."""
+
+    result: _StoredOutcome = Field(default_factory=_StoredOutcome)
+
+
 def cell_from_run_dir(run_dir: Path) -> CellResult:
     """A cell summary of a plain run directory, named after the directory: the summary its
-    result.json holds, else (a run that never finished) one made from its records."""
-    try:
-        info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"{run_dir} is not a run directory (no run.json)") from None
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read {run_dir / 'run.json'}: {exc}") from None
-    params = info.get("params") or {}
-    runtime = info.get("runtime") or None
+    result.json holds, else (a run that never finished) one made from its records. Every file
+    is read typed and bounded (`rundir.read_model`): a malformed one is one line naming it."""
+    if not (run_dir / "run.json").exists():
+        raise UsageError(f"{run_dir} is not a run directory (no run.json)")
+    info = read_run_file(run_dir)
+    params = info.params
+    runtime = info.runtime
     rollouts = params.get("rollouts")
+    max_concurrent = params.get("max_concurrent")
+    if max_concurrent is not None and (
+        not isinstance(max_concurrent, int) or isinstance(max_concurrent, bool)
+    ):
+        raise UsageError(
+            f"run file {run_dir / 'run.json'}: field params.max_concurrent: "
+            "accepted: an integer or null"
+        )
+    runtime_type = runtime.get("type", "?") if runtime is not None else "none"
     cell = CellResult(
         cell=run_dir.name,
-        benchmark=str(info.get("benchmark", "")),
-        runtime=str(runtime.get("type", "?")) if isinstance(runtime, dict) else "none",
-        runtime_config=runtime if isinstance(runtime, dict) else None,
-        rollouts=int(rollouts) if isinstance(rollouts, int) else None,
-        max_concurrent=params.get("max_concurrent"),
+        benchmark=info.benchmark,
+        runtime=str(runtime_type),
+        runtime_config=runtime,
+        rollouts=rollouts if isinstance(rollouts, int) else None,
+        max_concurrent=max_concurrent,
         params={k: v for k, v in params.items() if k not in ("rollouts", "max_concurrent")},
-        target=str(info.get("target", "")),
-        model=str(info.get("model", "")),
-        metrale_version=str(info.get("metrale_version", "")),
-        started_at=str(info.get("started_at", "")),
+        target=info.target,
+        model=info.model,
+        metrale_version=info.metrale_version,
+        started_at=info.started_at,
         run_dir=str(run_dir),
     )
     result_path = run_dir / "result.json"
-    if result_path.is_file():
-        try:
-            outcome = json.loads(result_path.read_text(encoding="utf-8"))
-            result = outcome.get("result") or {}
-            if result.get("status") == "failed":
-                cell.status, cell.error = "failed", result.get("error")
-            cell.e2e_s = (result.get("metrics") or {}).get("e2e_s")  # the work, not the wall
-            summary = run_dir / "summary.json"
-            if summary.is_file():
-                return cell.with_summary(RunSummary.model_validate_json(summary.read_bytes()))
-        except (OSError, ValueError):
-            pass
+    if result_path.exists() or result_path.is_symlink():
+        result = read_model(result_path, _StoredResult, "result file").result
+        if result.status == "failed":
+            cell.status, cell.error = "failed", result.error
+        e2e = result.metrics.get("e2e_s")  # the work, not the wall
+        cell.e2e_s = None if e2e is None else float(e2e)
+        summary = run_dir / "summary.json"
+        if summary.exists() or summary.is_symlink():
+            return cell.with_summary(read_model(summary, RunSummary, "summary file"))
     return summarize(read_records(run_dir / "rollouts.jsonl"), cell)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from metrale.errors import UsageError
+from metrale.errors import UsageError, read_data_file
 
 
 def plot_serve(directory: Path, out: Path) -> Path:
@@ -24,9 +24,10 @@ def plot_serve(directory: Path, out: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    raw = read_data_file(directory / LEVELS_FILE, "serve levels file")
     try:
-        levels = ServeLevels.model_validate_json((directory / LEVELS_FILE).read_text())
-    except (OSError, ValueError) as exc:
+        levels = ServeLevels.model_validate_json(raw)
+    except ValueError as exc:
         raise UsageError(f"{directory / LEVELS_FILE} is not a serve levels file: {exc}") from None
     points = sorted(
         (lv for lv in levels.levels if lv.metrics.get("request_throughput")),
@@ -77,9 +78,10 @@ def serve_curves(directory: Path) -> list[dict[str, Any]]:
     from metrale.benchmarks.serve.benchmark import LEVELS_FILE, ServeLevels
     from metrale.fmt import number_text
 
-    try:
-        levels = ServeLevels.model_validate_json((directory / LEVELS_FILE).read_text())
-    except (OSError, ValueError):
+    try:  # read bounded, a regular file only: the run directory may come from anyone
+        raw = read_data_file(directory / LEVELS_FILE, "serve levels file")
+        levels = ServeLevels.model_validate_json(raw)
+    except (UsageError, ValueError):
         return []
     points = sorted(
         (lv for lv in levels.levels if lv.metrics.get("request_throughput")),
