@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from metrale.cli.parsing import no_extra
+from metrale.bounds import Bound
+from metrale.cli.parsing import bounded, no_extra
 from metrale.errors import UsageError
 
 
@@ -22,7 +23,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("b", type=Path, metavar="B")
     p.add_argument(
         "--tolerance",
-        type=float,
+        type=bounded(Bound(0, 1, unit="fraction of A")),
         default=0.05,
         metavar="FRACTION",
         help="differences below this fraction of A are 'same' (default 0.05)",

@@ -7,8 +7,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from metrale.bounds import TIMEOUT_S
 from metrale.cli.aio import run_async
-from metrale.cli.parsing import no_extra, positive_float
+from metrale.cli.parsing import bounded, no_extra
 from metrale.cli.runtime_flags import add_runtime_args, runtime_from_args
 from metrale.errors import RunError, UsageError
 
@@ -21,7 +22,7 @@ def add_parser(sub: Any) -> None:
         "sandbox; exit with the command's exit code (124 on timeout).",
     )
     add_runtime_args(p)
-    p.add_argument("--timeout", type=positive_float, metavar="S", help="seconds (default none)")
+    p.add_argument("--timeout", type=bounded(TIMEOUT_S), metavar="S", help="seconds (default none)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
     p.set_defaults(handler=handle)
 
