@@ -78,7 +78,8 @@ class ResumedRun:
             target = f"{self.target or '-'} ({key})"
         runtime = "none"
         if self.runtime is not None:
-            runtime = json.dumps(self.runtime.model_dump(mode="json", exclude_defaults=True))
+            changed = self.runtime.model_dump(mode="json", exclude_defaults=True)
+            runtime = f"{self.runtime.type} {json.dumps(changed) if changed else '(defaults)'}"
         return [
             f"resuming {run_dir}: {self.benchmark}, model {self.model or '-'}, target {target}",
             f"  runtime (from your flags): {runtime}",
