@@ -29,12 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from metrale.endpoint.client import ClientOptions, Target
 from metrale.errors import UsageError
 from metrale.plugin import get_benchmark
-from metrale.rundir import field_error, read_run_info
+from metrale.rundir import read_run_info
 from metrale.runtime.base import RuntimeConfig
 
 #: The runtime options a docker/bwrap/ray config holds, and the flag that gives each.
@@ -106,7 +104,11 @@ def resumed_run(
     if args.out is not None:
         raise UsageError("--out conflicts with --resume (the run directory is RUN_DIR)")
     params = dict(info.params)
-    bench = get_benchmark(bench_id)()
+    where_file = f"run file {run_dir / 'run.json'}"
+    try:
+        bench = get_benchmark(bench_id)()
+    except UsageError as exc:
+        raise UsageError(f"{where_file}: field benchmark: {exc}") from None
     if raw_params:
         given = bench.configure({**params, **raw_params})
         for key in raw_params:
@@ -115,16 +117,16 @@ def resumed_run(
                     f"--{key.replace('_', '-')} {raw_params[key]} conflicts with the resumed "
                     f"run's {key}={params.get(key)!r} (run.json)"
                 )
-    bench.configure(params)
+    try:
+        bench.configure(params)
+    except UsageError as exc:
+        raise UsageError(f"{where_file}: field params: {exc}") from None
     target, sends_key = _target(info.embedded, info.target, args.target, api_key, where)
     model = info.model
     if args.model and args.model != model:
         raise UsageError(f"--model {args.model} conflicts with the resumed run's model {model}")
     resumed_runtime = _runtime(bench.runtime_choice(runtime), info.runtime, run_dir)
-    try:
-        stored_client = ClientOptions.model_validate(info.client)
-    except ValidationError as exc:
-        raise UsageError(f"run file {run_dir / 'run.json'}: client {field_error(exc)}") from None
+    stored_client = info.client
     for name in ClientOptions.model_fields:
         mine, default = getattr(client, name), getattr(default_client, name)
         if mine != default and mine != getattr(stored_client, name):
@@ -148,6 +150,11 @@ def _target(
 ) -> tuple[str | None, bool]:
     """The target to call and whether the user's key goes to it: the key only ever goes to a
     target the user named (`--target`), and that must be the recorded one."""
+    if not embedded and stored and not stored.startswith(("http://", "https://")):
+        raise UsageError(
+            f"{where}: run.json field target {stored!r} is not an http(s) URL; accepted: "
+            "the base URL the run called"
+        )
     if embedded:
         if given:
             raise UsageError(f"--target {given} conflicts with the resumed run's target")

@@ -27,6 +27,7 @@ from typing import Annotated, Any, BinaryIO, TypeVar
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from metrale.endpoint.client import ClientOptions
 from metrale.errors import (
     MAX_JSON_BYTES,
     RecordWriteError,
@@ -66,7 +67,7 @@ class StoredRun(BaseModel):
     model: str = ""
     embedded: bool = False
     runtime: dict[str, Any] | None = None
-    client: dict[str, Any] = Field(default_factory=dict)
+    client: ClientOptions = Field(default_factory=ClientOptions)
     budgets: dict[str, FiniteFloat] = Field(default_factory=dict)
     metrale_version: str = ""
     started_at: str = ""

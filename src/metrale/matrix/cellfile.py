@@ -80,7 +80,14 @@ def summarize(records: Sequence[RolloutRecord], cell: CellResult) -> CellResult:
         metrics = get_benchmark(cell.benchmark)().metrics()
     except UsageError:  # a benchmark no longer installed: the standard metrics only
         metrics = list(ROLLOUT_METRICS)
-    return cell.with_summary(summarize_records(records, metrics, cell.e2e_s))
+    try:
+        return cell.with_summary(summarize_records(records, metrics, cell.e2e_s))
+    except (TypeError, ValueError) as exc:  # a declared metric that is not a number
+        where = f"{cell.run_dir}/rollouts.jsonl" if cell.run_dir else cell.cell
+        raise UsageError(
+            f"rollout records {where}: a declared metric is not a number "
+            f"({str(exc).splitlines()[0][:120]})"
+        ) from None
 
 
 def read_records(path: Path) -> list[RolloutRecord]:
