@@ -116,6 +116,12 @@ class BwrapConfig(RuntimeConfig):
     def from_flat(cls, options: dict[str, Any]) -> dict[str, Any]:
         """Besides the shared flat options, `ro_binds` / `rw_binds`: `SRC` or `SRC:DST`."""
         binds = {k: options.pop(k) for k in _BIND_KEYS if k in options}
+        for key, value in binds.items():
+            if not isinstance(value, list | tuple) or not all(isinstance(b, str) for b in value):
+                raise UsageError(
+                    f"bad bwrap runtime option {key}: {value!r}; accepted: a list of SRC or "
+                    "SRC:DST paths"
+                )
         fields = super().from_flat(options)
         if binds:
             parsed = list(fields.pop("binds", []))
