@@ -217,3 +217,24 @@ def test_a_confirmed_resume_says_what_it_uses_before_any_work(
     plain = _resume(again, "--runtime", "subprocess")
     assert plain.returncode in (0, 1), plain.stderr
     assert "with no API key" in plain.stderr
+
+
+@pytest.mark.parametrize("name", ["rollouts.jsonl", "result.json.tmp", "retried.jsonl"])
+def test_resume_writes_through_no_link_in_the_run_dir(
+    finished: Path, tmp_path: Path, name: str
+) -> None:
+    """A link where metrale writes would have it append to, truncate or replace any file on
+    the host, as whoever runs it: the resume is refused and the file is untouched."""
+    run_dir = _copy(finished, tmp_path, unfinished=True)
+    victim = tmp_path / "victim"
+    if name == "rollouts.jsonl":  # the records, moved out and linked back
+        shutil.move(run_dir / name, victim)
+    else:
+        victim.write_text("precious\n")
+    (run_dir / name).symlink_to(victim)
+    held = victim.read_bytes()
+    proc = _resume(run_dir, "--runtime", "subprocess", "--retry-errors")
+    assert victim.read_bytes() == held, "metrale wrote through a link of the run directory"
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "symbolic link" in line and name in line and "Traceback" not in proc.stderr

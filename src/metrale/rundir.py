@@ -121,6 +121,36 @@ class ResumeScan:
     torn_dropped: bool
 
 
+#: The subdirectory benchmarks write per-rollout files into (agent transcripts).
+WRITTEN_DIRS = ("transcripts",)
+
+
+def check_no_links(path: Path) -> None:
+    """Refuse a run directory whose entries (and those of `WRITTEN_DIRS`) are not plain files
+    and directories. metrale writes there as whoever runs it, often root: a `rollouts.jsonl`,
+    `result.json.tmp` or `transcripts/3.jsonl` that is a symbolic link would have it append to,
+    truncate or replace any file on the host; metrale itself never makes a link there."""
+    import stat
+
+    for folder in (path, *(path / d for d in WRITTEN_DIRS)):
+        try:
+            entries = list(os.scandir(folder))
+        except FileNotFoundError:
+            continue
+        except NotADirectoryError:
+            raise UsageError(f"run directory {path}: {folder.name} is not a directory") from None
+        except OSError as exc:
+            raise UsageError(f"run directory {path} cannot be read: {exc.strerror}") from None
+        for entry in entries:
+            mode = entry.stat(follow_symlinks=False).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                kind = "symbolic link" if stat.S_ISLNK(mode) else "special file"
+                raise UsageError(
+                    f"run directory {path} holds a {kind}, {Path(entry.path).relative_to(path)}; "
+                    "accepted: a directory of regular files, as metrale writes it"
+                )
+
+
 def check_new(path: Path, *, overwrite: bool) -> list[str]:
     """Refuse, touching nothing, a path a new run may not use; the earlier run's files held."""
     if str(path) == "":
@@ -132,6 +162,8 @@ def check_new(path: Path, *, overwrite: bool) -> list[str]:
         held = [name for name in RUN_FILES if is_dir and (path / name).exists()]
     except OSError as exc:
         raise UsageError(f"run directory {path} cannot be used: {exc.strerror}") from None
+    if held and overwrite:
+        check_no_links(path)
     if held and not overwrite:
         raise UsageError(
             f"run directory {path} already holds a run ({', '.join(held)}); "
@@ -161,6 +193,7 @@ def read_run_info(path: Path) -> StoredRun:
     if not path.is_dir():
         raise UsageError(f"--resume {path}: not a directory; accepted: a metrale run directory")
     info = read_run_file(path)
+    check_no_links(path)
     if not os.access(path, os.W_OK | os.X_OK):
         raise UsageError(f"run directory {path} is not writable")
     return info
@@ -206,8 +239,11 @@ def prepare_resume(path: Path, count: int, *, retry_errors: bool) -> ResumeScan:
     if failed or extra:
         _rewrite(path, keep=set(found) - failed)
     elif torn_at is not None:
-        with (path / "rollouts.jsonl").open("r+b") as f:
-            f.truncate(torn_at)
+        fd = os.open(path / "rollouts.jsonl", os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.ftruncate(fd, torn_at)
+        finally:
+            os.close(fd)
     return ResumeScan(
         kept=frozenset(set(found) - failed),
         failed_moved=len(failed),
@@ -222,7 +258,8 @@ def _rewrite(path: Path, keep: set[int]) -> None:
     log = path / "rollouts.jsonl"
     tmp = path / "rollouts.jsonl.tmp"
     seen: set[int] = set()
-    with tmp.open("wb") as dst, (path / "retried.jsonl").open("ab") as old:
+    retried = os.open(path / "retried.jsonl", _APPEND, 0o644)
+    with _fresh(tmp) as dst, open(retried, "ab") as old:
         for raw in data_lines(log, "rollout records"):
             if not raw.endswith(b"\n"):
                 break  # the torn tail
@@ -238,6 +275,18 @@ def _rewrite(path: Path, keep: set[int]) -> None:
 
 
 # --------------------------------------------------------------------------- files
+
+#: Appending to a log of the run directory: never through a symbolic link.
+_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+
+
+def _fresh(path: Path) -> BinaryIO:
+    """`path` as a new file, opened for writing: whatever was there (a leftover temporary
+    file, or a link someone placed) is removed first and the create is exclusive, so a write
+    never goes through a link to another file."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    return open(fd, "wb")
 
 
 @dataclass
@@ -261,7 +310,7 @@ class RunArtifacts:
         start (and a low fd limit cannot take this descriptor away later)."""
         if name not in self._fds:
             try:
-                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
                 self._fds[name] = fd = os.open(self.run_dir / name, flags, 0o644)
                 self._sizes[name] = os.fstat(fd).st_size  # appends only: we track the end
             except OSError as exc:
@@ -296,7 +345,7 @@ class RunArtifacts:
         target = self.run_dir / name
         tmp = target.with_suffix(target.suffix + ".tmp")
         try:
-            with tmp.open("wb") as f:  # bytes as pydantic made them: no second copy
+            with _fresh(tmp) as f:  # bytes as pydantic made them: no second copy
                 f.write(model.__pydantic_serializer__.to_json(model, indent=indent))
                 f.write(b"\n")
             tmp.replace(target)
@@ -312,7 +361,7 @@ class RunArtifacts:
         target = self.run_dir / name
         tmp = target.with_suffix(target.suffix + ".tmp")
         try:
-            with tmp.open("wb") as f:
+            with _fresh(tmp) as f:
                 dump_summary(summary, f)
             tmp.replace(target)
         except OSError as exc:

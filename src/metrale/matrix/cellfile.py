@@ -119,7 +119,11 @@ def write_cell(out_dir: Path, cell: CellResult) -> Path:
         del data["max_concurrent"]
     tmp = out_dir / f".{cell.cell}.json.{os.getpid()}.tmp"
     try:
-        tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
+        tmp.unlink(missing_ok=True)  # exclusive and no link followed: a sweep dir is data too
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with open(os.open(tmp, flags, 0o644), "w", encoding="utf-8") as f:
+            f.write(text)
         tmp.replace(target)
     finally:
         tmp.unlink(missing_ok=True)
