@@ -219,7 +219,10 @@ def test_a_confirmed_resume_says_what_it_uses_before_any_work(
     assert "with no API key" in plain.stderr
 
 
-@pytest.mark.parametrize("name", ["rollouts.jsonl", "result.json.tmp", "retried.jsonl"])
+@pytest.mark.parametrize(
+    "name",
+    ["rollouts.jsonl", "result.json.tmp", "retried.jsonl", "transcripts/1.jsonl", "sandboxes/1"],
+)
 def test_resume_writes_through_no_link_in_the_run_dir(
     finished: Path, tmp_path: Path, name: str
 ) -> None:
@@ -229,12 +232,17 @@ def test_resume_writes_through_no_link_in_the_run_dir(
     victim = tmp_path / "victim"
     if name == "rollouts.jsonl":  # the records, moved out and linked back
         shutil.move(run_dir / name, victim)
+    elif name.startswith("sandboxes/"):  # a rollout's sandbox dir, wiped when it runs again
+        victim.mkdir()
+        (victim / "keep").write_text("precious\n")
     else:
         victim.write_text("precious\n")
+    (run_dir / name).parent.mkdir(exist_ok=True)
     (run_dir / name).symlink_to(victim)
-    held = victim.read_bytes()
+    state = (lambda: (victim / "keep").read_bytes()) if victim.is_dir() else victim.read_bytes
+    held = state()
     proc = _resume(run_dir, "--runtime", "subprocess", "--retry-errors")
-    assert victim.read_bytes() == held, "metrale wrote through a link of the run directory"
+    assert state() == held, "metrale wrote through a link of the run directory"
     assert proc.returncode == 2, proc.stderr
     line = proc.stderr.strip().splitlines()[-1]
     assert "symbolic link" in line and name in line and "Traceback" not in proc.stderr

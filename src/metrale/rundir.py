@@ -121,8 +121,9 @@ class ResumeScan:
     torn_dropped: bool
 
 
-#: The subdirectory benchmarks write per-rollout files into (agent transcripts).
-WRITTEN_DIRS = ("transcripts",)
+#: The subdirectories benchmarks write per-rollout entries into: agent transcripts, and the
+#: sandbox directories agentic_webserver lays out (and wipes when a rollout runs again).
+WRITTEN_DIRS = ("transcripts", "sandboxes")
 
 
 def check_no_links(path: Path) -> None:
