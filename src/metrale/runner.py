@@ -154,13 +154,18 @@ def _resume(
 def _check_samples(kept: ResumeRecords, bench: Benchmark) -> None:
     """Every kept record yields a number for each declared metric: the file may come from
     anyone, and a string where a number belongs would otherwise end the run half-way."""
+    from metrale.errors import data_lines
     from metrale.rollout import RolloutRecord
 
-    metrics = bench.metrics()
-    for row in kept.records():
-        if row.get("index") not in kept.indices:
+    metrics = [m for m in bench.metrics() if m.value is not None]
+    if not metrics:
+        return
+    for line in data_lines(kept.path, "rollout records"):
+        if not line.strip():
             continue
-        record = RolloutRecord.model_validate(row)
+        record = RolloutRecord.model_validate_json(line)  # `prepare_resume` read each as one
+        if record.index not in kept.indices:
+            continue
         for metric in metrics:
             try:
                 metric.sample_of(record)
