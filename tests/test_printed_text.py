@@ -132,3 +132,44 @@ def test_the_sanitiser_keeps_ordinary_text() -> None:
     assert safe_text(plain) == plain
     assert safe_text(plain, lines=False) == plain.replace("\t", "\\x09").replace("\n", "\\x0a")
     assert_inert(safe_text(EVIL))
+
+
+def _on_a_terminal(argv: list[str]) -> bytes:
+    """What `metrale ARGV` writes to a terminal (a pseudo-terminal)."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "metrale", *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=follower,
+            stderr=follower,
+        )
+        os.close(follower)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: every writer has closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert proc.wait(timeout=60) == 0, out
+        return out
+    finally:
+        os.close(leader)
+
+
+def test_exec_output_is_inert_on_a_terminal_and_exact_into_a_pipe() -> None:
+    script = r"printf 'a\033]52;c;cm0gLXJm\007b\033]0;owned\007c\033[2Jd\n'"
+    argv = ["exec", "--runtime", "subprocess", "--", "sh", "-c", script]
+    shown = _on_a_terminal(argv).decode()
+    assert "a" in shown and "d" in shown
+    assert_inert(shown.replace("\r\n", "\n"))  # the terminal's own line ends aside
+    piped = run_cli(argv, timeout=60)
+    assert piped.returncode == 0 and "\x1b]52;c;" in piped.stdout  # data, untouched
