@@ -109,8 +109,8 @@ def test_load_budgets_reads_the_benchmarks_table_as_floats(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("[gsm8k]\nreward_min = true\n", "gsm8k.reward_min must be a number"),
-        ('[gsm8k]\nreward_min = "0.9"\n', "gsm8k.reward_min must be a number"),
+        ("[gsm8k]\nreward_min = true\n", "gsm8k.reward_min = True is not a number"),
+        ('[gsm8k]\nreward_min = "0.9"\n', "gsm8k.reward_min = '0.9' is not a number"),
         ("gsm8k = 3\n", "[gsm8k] must be a table"),
         ("[gsm8k]\nreward = 0.9\n", "budget 'reward' must end in _min or _max"),
         ("[gsm8k\n", "is not valid TOML"),

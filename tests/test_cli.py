@@ -27,7 +27,7 @@ def read_records(run_dir: Path) -> list[dict]:
         (["run", "gsm8k", "--rollouts", "0"], "below its minimum"),
         (["run", "gsm8k", "--temperature", "9"], "above its maximum"),
         (["run", "gsm8k", "-p", "oops"], "-p expects KEY=VALUE"),
-        (["run", "gsm8k", "--retries", "-1"], "must be >= 0"),
+        (["run", "gsm8k", "--retries", "-1"], "accepted: an integer 0..1000000"),
         (["run", "gsm8k", "--target", "http://127.0.0.1:9"], "connection refused"),
         (["run", "gsm8k", "--target", "http://bad-host.invalid"], "cannot resolve host"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),

@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "metrale.stats",
             "metrale.fmt",
+            "metrale.bounds",
             "metrale.table",
             "metrale.errors",
             "metrale.net",

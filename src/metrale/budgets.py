@@ -11,6 +11,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from metrale.bounds import CEILING, Bound
 from metrale.errors import UsageError, read_user_file
 from metrale.plugin import Metric, check_bounds
 
@@ -26,9 +27,8 @@ def load_budgets(path: Path, benchmark_id: str) -> dict[str, float]:
         raise UsageError(f"budgets file {path}: [{benchmark_id}] must be a table")
     bounds: dict[str, float] = {}
     for key, value in section.items():
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise UsageError(f"budgets file {path}: {benchmark_id}.{key} must be a number")
-        bounds[key] = float(value)
+        field = f"budgets file {path}: {benchmark_id}.{key}"
+        bounds[key] = float(Bound(-CEILING).check(value, field))
     check_bounds({}, bounds)  # validates the key names
     return bounds
 

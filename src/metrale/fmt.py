@@ -15,6 +15,7 @@ the live view and the HTML page, so the same value reads the same everywhere.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -132,3 +133,39 @@ def clock_text(seconds: float | None) -> str:
     hours, rest = divmod(total, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+# --------------------------------------------------------------------------- text from others
+
+#: What a terminal would obey rather than show: C0 controls (ESC starts every escape sequence:
+#: CSI, OSC — a window title, an OSC 52 clipboard write —, DCS), DEL, the C1 controls (0x9b
+#: is a one-byte CSI for some terminals), and the bidirectional overrides and isolates that
+#: make a line read differently from what it holds. Line separators (U+2028/9) too.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+_CONTROL_NO_LINES = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def safe_text(text: object, *, lines: bool = True) -> str:
+    """`text` made harmless to print on a terminal: every control character (see `_CONTROL`)
+    shown as its escape (`\\x1b`), so an escape sequence from a task, an image build, a
+    model's answer or a run directory is printed, never obeyed. Newlines and tabs stay
+    unless `lines` is False (a one-line field: a table cell, an error line).
+
+    Every print of text metrale did not write itself goes through here."""
+    pattern = _CONTROL if lines else _CONTROL_NO_LINES
+    return pattern.sub(_escaped, str(text))
+
+
+#: The characters `safe_json` writes as `\\uXXXX` (JSON already escapes the C0 controls).
+_JSON_UNSAFE = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def safe_json(text: str) -> str:
+    """A JSON document (as `json.dumps(..., ensure_ascii=False)` writes it) with the
+    characters a terminal would obey written as `\\uXXXX` escapes: the same JSON value."""
+    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)

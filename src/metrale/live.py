@@ -13,6 +13,10 @@ The runner hands every event to a `View` (`make_view` picks it) and knows nothin
   a heartbeat every 30 s; the final line always.
 - no stream (`--quiet`): nothing.
 
+Text the view did not write (a log line, a phase or summary from a benchmark, an error from a
+sandbox or an image build) goes through `fmt.safe_text`: it is shown, never obeyed by the
+terminal, and rich's markup is never parsed in it (plain `Text`, `markup=False`).
+
 The rate is finished units (rollouts, or requests) per second of this phase, measured by the
 view from the first snapshot of the phase; the ETA is what is left at that rate.
 """
@@ -25,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, TextIO
 
-from metrale.fmt import clock_text, duration_text, number_text, rate_text
+from metrale.fmt import clock_text, duration_text, number_text, rate_text, safe_text
 from metrale.plugin import BenchmarkResult, LogLine, Status
 
 if TYPE_CHECKING:
@@ -79,7 +83,7 @@ class PlainView:
         since = now - self._last_emit
         changed = key != self._last_key
         if force or (changed and since >= self.interval_s) or since >= self.heartbeat_s:
-            self.stream.write(text + "\n")
+            self.stream.write(safe_text(text) + "\n")
             self.stream.flush()
             self._last_emit, self._last_key = now, key
 
@@ -99,7 +103,7 @@ class PlainView:
     def log(self, line: LogLine) -> None:
         if self.stream is None:
             return
-        self.stream.write(_PREFIX[line.level] + line.message + "\n")
+        self.stream.write(_PREFIX[line.level] + safe_text(line.message) + "\n")
         self.stream.flush()
 
     def close(self) -> None:
@@ -157,7 +161,8 @@ class RichView:
     def log(self, line: LogLine) -> None:
         style = {"info": "", "warn": "yellow", "error": "bold red"}[line.level]
         self._start()
-        self.live.console.print(_PREFIX[line.level] + line.message, style=style, markup=False)
+        text = _PREFIX[line.level] + safe_text(line.message)
+        self.live.console.print(text, style=style, markup=False, highlight=False, emoji=False)
 
     def close(self) -> None:
         if self._started:
@@ -211,7 +216,7 @@ class RichView:
         pct = f"{100 * done / total:.0f}%" if total else ""
         elapsed = clock_text(snap.elapsed_s) if snap is not None else ""
         head.add_row(
-            Text(self._phase or "…", style="bold cyan"),
+            Text(safe_text(self._phase, lines=False) or "…", style="bold cyan"),
             bar,
             Text(f"{count} {pct}".strip()),
             Text(rate_text(rate)),
@@ -221,7 +226,7 @@ class RichView:
         parts: list[RenderableType] = [head]
         details = self.details(snap)
         if details:
-            parts.append(Text("  " + " · ".join(details), style="dim"))
+            parts.append(Text(safe_text("  " + " · ".join(details), lines=False), style="dim"))
         return Group(*parts)
 
     @staticmethod

@@ -22,12 +22,19 @@ from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Annotated, Any, BinaryIO, TypeVar
 
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from metrale.errors import RecordWriteError, UsageError, read_user_file
+from metrale.endpoint.client import ClientOptions
+from metrale.errors import (
+    MAX_JSON_BYTES,
+    RecordWriteError,
+    UsageError,
+    data_lines,
+    read_data_file,
+)
 from metrale.plugin import Metric, RunSummary
 from metrale.rollout import ROLLOUT_METRICS, RolloutRecord, summarize_records
 
@@ -42,6 +49,87 @@ RUN_FILES = (
 )
 
 
+# --------------------------------------------------------------------------- reading files back
+
+#: A finite number: NaN and infinities in a file are refused like any other wrong type.
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class StoredRun(BaseModel):
+    """`run.json` as read back (by `--resume`, `report`, `compare`): the fields they use, each
+    with its type. A run directory may come from anyone, so a field of the wrong type is a
+    usage error naming the file and the field, never a traceback further on."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    benchmark: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    target: str = ""
+    model: str = ""
+    embedded: bool = False
+    runtime: dict[str, Any] | None = None
+    client: ClientOptions = Field(default_factory=ClientOptions)
+    budgets: dict[str, FiniteFloat] = Field(default_factory=dict)
+    metrale_version: str = ""
+    started_at: str = ""
+
+
+def field_error(exc: ValidationError) -> str:
+    """The first problem of a validation, as `field: what is wrong` on one line."""
+    err = exc.errors(include_url=False)[0]
+    if err["type"] == "json_invalid":
+        return f"is not valid JSON ({err['msg'].partition(':')[2].strip() or 'truncated'})"
+    where = ".".join(str(p) for p in err["loc"])
+    msg = " ".join(str(err["msg"]).split())
+    if not where:
+        return f"is not a JSON object of the expected form ({msg})"
+    return f"field {where}: {msg} (got {_shown(err.get('input'))})"
+
+
+def _shown(value: object) -> str:
+    text = json.dumps(value, default=str)[:60] if not isinstance(value, str) else repr(value[:60])
+    return text
+
+
+M = TypeVar("M", bound=BaseModel)
+V = TypeVar("V", bound=RunSummary)
+
+
+def read_model(
+    path: Path, model: type[M], what: str, *, form: str = "", limit: int = MAX_JSON_BYTES
+) -> M:
+    """A JSON file of a run or sweep directory read as `model`: one `UsageError` line naming
+    the file and the field for anything else (a list, a string, a wrong type, a truncation),
+    and the file read with `read_data_file`'s bounds. `form` says what the file should be."""
+    data = read_data_file(path, what, limit=limit)
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as exc:
+        problem = f"not {form}: {field_error(exc)}" if form else field_error(exc)
+        raise UsageError(f"{what} {path}: {problem}") from None
+
+
+def read_versioned(path: Path, model: type[V], what: str, *, form: str = "") -> V:
+    """A summary or cell file (`RunSummary` and its kin), read as `read_model` reads, whose
+    schema version is checked first (`RunSummary.from_file_data`: newer is one line)."""
+    data = read_data_file(path, what)
+    try:
+        loaded = json.loads(data)
+    except ValueError:
+        problem = f"not {form}" if form else "not JSON"
+        raise UsageError(f"{what} {path}: {problem} (it does not parse as JSON)") from None
+    try:
+        return model.from_file_data(loaded, path)
+    except ValidationError as exc:
+        problem = f"not {form}: {field_error(exc)}" if form else field_error(exc)
+        raise UsageError(f"{what} {path}: {problem}") from None
+
+
+def read_run_file(run_dir: Path) -> StoredRun:
+    """`run_dir/run.json`, typed (`StoredRun`)."""
+    return read_model(run_dir / "run.json", StoredRun, "run file")
+
+
 @dataclass(frozen=True)
 class ResumeScan:
     """What `prepare_resume` found and kept."""
@@ -49,6 +137,37 @@ class ResumeScan:
     kept: frozenset[int]
     failed_moved: int
     torn_dropped: bool
+
+
+#: The subdirectories benchmarks write per-rollout entries into: agent transcripts, and the
+#: sandbox directories agentic_webserver lays out (and wipes when a rollout runs again).
+WRITTEN_DIRS = ("transcripts", "sandboxes")
+
+
+def check_no_links(path: Path) -> None:
+    """Refuse a run directory whose entries (and those of `WRITTEN_DIRS`) are not plain files
+    and directories. metrale writes there as whoever runs it, often root: a `rollouts.jsonl`,
+    `result.json.tmp` or `transcripts/3.jsonl` that is a symbolic link would have it append to,
+    truncate or replace any file on the host; metrale itself never makes a link there."""
+    import stat
+
+    for folder in (path, *(path / d for d in WRITTEN_DIRS)):
+        try:
+            entries = list(os.scandir(folder))
+        except FileNotFoundError:
+            continue
+        except NotADirectoryError:
+            raise UsageError(f"run directory {path}: {folder.name} is not a directory") from None
+        except OSError as exc:
+            raise UsageError(f"run directory {path} cannot be read: {exc.strerror}") from None
+        for entry in entries:
+            mode = entry.stat(follow_symlinks=False).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                kind = "symbolic link" if stat.S_ISLNK(mode) else "special file"
+                raise UsageError(
+                    f"run directory {path} holds a {kind}, {Path(entry.path).relative_to(path)}; "
+                    "accepted: a directory of regular files, as metrale writes it"
+                )
 
 
 def check_new(path: Path, *, overwrite: bool) -> list[str]:
@@ -62,6 +181,8 @@ def check_new(path: Path, *, overwrite: bool) -> list[str]:
         held = [name for name in RUN_FILES if is_dir and (path / name).exists()]
     except OSError as exc:
         raise UsageError(f"run directory {path} cannot be used: {exc.strerror}") from None
+    if held and overwrite:
+        check_no_links(path)
     if held and not overwrite:
         raise UsageError(
             f"run directory {path} already holds a run ({', '.join(held)}); "
@@ -86,17 +207,12 @@ def create_new(path: Path, *, overwrite: bool) -> Path:
     return path
 
 
-def read_run_info(path: Path) -> dict[str, Any]:
-    """`run.json` of a directory to resume, as a dict; a UsageError when it is not a run."""
+def read_run_info(path: Path) -> StoredRun:
+    """`run.json` of a directory to resume; a UsageError when it is not a run."""
     if not path.is_dir():
         raise UsageError(f"--resume {path}: not a directory; accepted: a metrale run directory")
-    text = read_user_file(path / "run.json", "run file")
-    try:
-        info = json.loads(text)
-    except ValueError:
-        raise UsageError(f"--resume {path}: run.json is not JSON") from None
-    if not isinstance(info, dict) or not isinstance(info.get("benchmark"), str):
-        raise UsageError(f"--resume {path}: run.json names no benchmark")
+    info = read_run_file(path)
+    check_no_links(path)
     if not os.access(path, os.W_OK | os.X_OK):
         raise UsageError(f"run directory {path} is not writable")
     return info
@@ -105,31 +221,32 @@ def read_run_info(path: Path) -> dict[str, Any]:
 def scan_records(path: Path, count: int) -> tuple[dict[int, bool], int | None, int]:
     """Index -> failed? of each whole record of `rollouts.jsonl` (the first per index, indices
     in range only), the byte offset where a torn last line starts (None when none), and the
-    number of whole lines."""
+    number of whole lines. Every whole line must be a rollout record: the resumed run's
+    summary is made of them."""
+    from metrale.rollout import RolloutRecord
+
     found: dict[int, bool] = {}
     torn_at: int | None = None
     lines = 0
     log = path / "rollouts.jsonl"
-    if not log.exists():
+    if not log.exists() and not log.is_symlink():
         return found, None, 0
     offset = 0
-    with log.open("rb") as f:
-        for raw in f:
-            start, offset = offset, offset + len(raw)
-            lines += 1
-            if not raw.endswith(b"\n"):
-                torn_at = start  # only the last line can lack its newline
-                lines -= 1
-                break
-            try:
-                row = json.loads(raw)
-                index = row["index"]
-            except (ValueError, KeyError, TypeError):
-                raise UsageError(
-                    f"--resume {path}: rollouts.jsonl has a damaged line at byte {start}"
-                ) from None
-            if isinstance(index, int) and 0 <= index < count and index not in found:
-                found[index] = row.get("error") is not None
+    for raw in data_lines(log, "rollout records"):
+        start, offset = offset, offset + len(raw)
+        if not raw.endswith(b"\n"):
+            torn_at = start  # only the last line can lack its newline
+            break
+        lines += 1
+        try:
+            record = RolloutRecord.model_validate_json(raw)
+        except ValidationError as exc:
+            raise UsageError(
+                f"--resume {path}: rollouts.jsonl line {lines} (byte {start}) {field_error(exc)}"
+            ) from None
+        index = record.index
+        if 0 <= index < count and index not in found:
+            found[index] = record.error is not None
     return found, torn_at, lines
 
 
@@ -141,8 +258,11 @@ def prepare_resume(path: Path, count: int, *, retry_errors: bool) -> ResumeScan:
     if failed or extra:
         _rewrite(path, keep=set(found) - failed)
     elif torn_at is not None:
-        with (path / "rollouts.jsonl").open("r+b") as f:
-            f.truncate(torn_at)
+        fd = os.open(path / "rollouts.jsonl", os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.ftruncate(fd, torn_at)
+        finally:
+            os.close(fd)
     return ResumeScan(
         kept=frozenset(set(found) - failed),
         failed_moved=len(failed),
@@ -157,11 +277,12 @@ def _rewrite(path: Path, keep: set[int]) -> None:
     log = path / "rollouts.jsonl"
     tmp = path / "rollouts.jsonl.tmp"
     seen: set[int] = set()
-    with log.open("rb") as src, tmp.open("wb") as dst, (path / "retried.jsonl").open("ab") as old:
-        for raw in src:
+    retried = os.open(path / "retried.jsonl", _APPEND, 0o644)
+    with _fresh(tmp) as dst, open(retried, "ab") as old:
+        for raw in data_lines(log, "rollout records"):
             if not raw.endswith(b"\n"):
                 break  # the torn tail
-            index = json.loads(raw).get("index")
+            index = json.loads(raw).get("index")  # `scan_records` read each line as a record
             if index in keep and index not in seen:
                 seen.add(index)
                 dst.write(raw)
@@ -173,6 +294,18 @@ def _rewrite(path: Path, keep: set[int]) -> None:
 
 
 # --------------------------------------------------------------------------- files
+
+#: Appending to a log of the run directory: never through a symbolic link.
+_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+
+
+def _fresh(path: Path) -> BinaryIO:
+    """`path` as a new file, opened for writing: whatever was there (a leftover temporary
+    file, or a link someone placed) is removed first and the create is exclusive, so a write
+    never goes through a link to another file."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    return open(fd, "wb")
 
 
 @dataclass
@@ -196,7 +329,7 @@ class RunArtifacts:
         start (and a low fd limit cannot take this descriptor away later)."""
         if name not in self._fds:
             try:
-                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
                 self._fds[name] = fd = os.open(self.run_dir / name, flags, 0o644)
                 self._sizes[name] = os.fstat(fd).st_size  # appends only: we track the end
             except OSError as exc:
@@ -231,7 +364,7 @@ class RunArtifacts:
         target = self.run_dir / name
         tmp = target.with_suffix(target.suffix + ".tmp")
         try:
-            with tmp.open("wb") as f:  # bytes as pydantic made them: no second copy
+            with _fresh(tmp) as f:  # bytes as pydantic made them: no second copy
                 f.write(model.__pydantic_serializer__.to_json(model, indent=indent))
                 f.write(b"\n")
             tmp.replace(target)
@@ -247,7 +380,7 @@ class RunArtifacts:
         target = self.run_dir / name
         tmp = target.with_suffix(target.suffix + ".tmp")
         try:
-            with tmp.open("wb") as f:
+            with _fresh(tmp) as f:
                 dump_summary(summary, f)
             tmp.replace(target)
         except OSError as exc:
@@ -274,20 +407,17 @@ class ResumeRecords:
     indices: frozenset[int]
 
     def records(self) -> Iterator[dict[str, Any]]:
-        with self.path.open(encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    yield json.loads(line)
+        for line in data_lines(self.path, "rollout records"):
+            if line.strip():
+                yield json.loads(line)
 
 
 def run_benchmark_id(run_dir: Path) -> str | None:
     """The benchmark a `metrale run` directory belongs to (from its run.json), or None."""
     try:
-        info = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
+        return read_run_file(run_dir).benchmark
+    except UsageError:
         return None
-    bench = info.get("benchmark") if isinstance(info, dict) else None
-    return bench if isinstance(bench, str) else None
 
 
 #: Numbers per chunk when a summary's arrays are written.
@@ -317,21 +447,21 @@ def dump_summary(summary: RunSummary, f: BinaryIO) -> None:
 
 
 def read_records(path: Path) -> list[RolloutRecord]:
-    """The rollout records of a run directory; a torn last line (a crash mid-write) is skipped."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
+    """The rollout records of a run directory; a torn last line (a crash mid-write: no
+    newline) is skipped. Any other line that is not a record is a usage error naming the line
+    and the field; the file is read with `errors.data_lines`' bounds."""
+    if not path.exists() and not path.is_symlink():
         return []
     records = []
-    for i, line in enumerate(lines):
+    for i, line in enumerate(data_lines(path, "rollout records"), start=1):
         if not line.strip():
             continue
         try:
             records.append(RolloutRecord.model_validate_json(line))
-        except ValidationError:
-            if i == len(lines) - 1:
+        except ValidationError as exc:
+            if not line.endswith(b"\n"):
                 break
-            raise UsageError(f"{path}:{i + 1} is not a rollout record") from None
+            raise UsageError(f"rollout records {path} line {i}: {field_error(exc)}") from None
     return records
 
 
@@ -348,8 +478,15 @@ def installed_metrics(benchmark: str) -> list[Metric]:
 
 
 def summarize_run_records(
-    records: Sequence[RolloutRecord], benchmark: str, e2e_s: float | None
+    records: Sequence[RolloutRecord], benchmark: str, e2e_s: float | None, where: str = "a run"
 ) -> RunSummary:
     """The summary of a run whose result was never written (a crashed cell), from its records
-    and `benchmark`'s declared metrics (`installed_metrics`)."""
-    return summarize_records(records, installed_metrics(benchmark), e2e_s)
+    and `benchmark`'s declared metrics (`installed_metrics`). A declared metric whose records
+    hold no number is one line naming the run's records, not a traceback."""
+    try:
+        return summarize_records(records, installed_metrics(benchmark), e2e_s)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(
+            f"rollout records of {where}: a declared metric is not a number "
+            f"({str(exc).splitlines()[0][:120]})"
+        ) from None

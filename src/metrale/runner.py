@@ -148,7 +148,34 @@ def _resume(
     if not getattr(bench, "resumable", False):
         raise UsageError(f"benchmark {request.benchmark} cannot resume a run directory")
     scan = rundir.prepare_resume(path, int(values["rollouts"]), retry_errors=request.retry_errors)
-    return ResumeRecords(path=path / "rollouts.jsonl", indices=scan.kept)
+    kept = ResumeRecords(path=path / "rollouts.jsonl", indices=scan.kept)
+    _check_samples(kept, bench)
+    return kept
+
+
+def _check_samples(kept: ResumeRecords, bench: Benchmark) -> None:
+    """Every kept record yields a number for each declared metric: the file may come from
+    anyone, and a string where a number belongs would otherwise end the run half-way."""
+    from metrale.errors import data_lines
+    from metrale.rollout import RolloutRecord
+
+    metrics = [m for m in bench.metrics() if m.value is not None]
+    if not metrics:
+        return
+    for line in data_lines(kept.path, "rollout records"):
+        if not line.strip():
+            continue
+        record = RolloutRecord.model_validate_json(line)  # `prepare_resume` read each as one
+        if record.index not in kept.indices:
+            continue
+        for metric in metrics:
+            try:
+                metric.sample_of(record)
+            except (TypeError, ValueError):
+                raise UsageError(
+                    f"rollout records {kept.path}: record {record.index}: metric "
+                    f"{metric.name} is not a number; accepted: a number or null"
+                ) from None
 
 
 async def run(request: RunRequest) -> RunResult:

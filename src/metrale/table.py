@@ -1,4 +1,6 @@
-"""Plain, Markdown and CSV rendering of small tables: the one place columns get aligned."""
+"""Plain, Markdown and CSV rendering of small tables: the one place columns get aligned, and
+where a cell's text (a cell name, an error from a run directory) is made safe to print
+(`fmt.safe_text`)."""
 
 from __future__ import annotations
 
@@ -6,12 +8,13 @@ import csv
 import io
 from collections.abc import Sequence
 
-from metrale.fmt import sig
+from metrale.fmt import safe_text, sig
 
 
 def render(columns: Sequence[str], rows: Sequence[Sequence[object]], style: str = "plain") -> str:
     """Render rows under column headers as `plain` (aligned), `markdown` or `csv` text."""
-    cells = [[_text(c) for c in row] for row in rows]
+    columns = [safe_text(c, lines=False) for c in columns]
+    cells = [[safe_text(_text(c), lines=False) for c in row] for row in rows]
     if style == "csv":
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")

@@ -66,7 +66,7 @@ def test_messages_that_are_not_messages(tmp_path: Path, sim) -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["sim", "--port", "99999"], "not a TCP port"),
+        (["sim", "--port", "99999"], "--port: '99999': accepted: an integer 0..65535"),
         (["sim", "--port", "-1"], "--port"),
         (["run", "gsm8k", "--target", "http://[::1/v1"], "not a valid URL"),
         (["run", "gsm8k", "--target", "http://127.0.0.1:99999/v1"], "not a valid URL"),

@@ -44,8 +44,8 @@ def test_allowed_env_keeps_only_the_allow_list() -> None:
 def test_limits_prlimit_argv() -> None:
     unlimited = Limits(cpu_s=None, memory_mb=None, max_procs=None, file_size_mb=None)
     assert unlimited.prlimit_argv() == []
-    argv = Limits(cpu_s=5, memory_mb=1, max_procs=7, file_size_mb=None).prlimit_argv()
-    assert argv == ["prlimit", "--cpu=5", f"--as={1 << 20}", "--nproc=7", "--"]
+    argv = Limits(cpu_s=5, memory_mb=64, max_procs=7, file_size_mb=None).prlimit_argv()
+    assert argv == ["prlimit", "--cpu=5", f"--as={64 << 20}", "--nproc=7", "--"]
 
 
 def test_rate_limiter_spaces_acquisitions() -> None:

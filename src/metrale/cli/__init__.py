@@ -24,6 +24,7 @@ from metrale.cli import cleanup, compare, listing, matrix, plot, report, run, sa
 from metrale.cli.logs import configure as configure_logging
 from metrale.cli.parsing import Parser
 from metrale.errors import EXIT_USAGE, MetraleError
+from metrale.fmt import safe_text
 
 if TYPE_CHECKING:
     from metrale.plugin import Benchmark
@@ -144,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_USAGE
         return int(args.handler(args, extra))
     except MetraleError as exc:
-        print(f"metrale: error: {exc}", file=sys.stderr)
+        print(f"metrale: error: {safe_text(exc, lines=False)}", file=sys.stderr)
         return exc.exit_code
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("metrale: interrupted", file=sys.stderr)

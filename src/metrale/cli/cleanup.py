@@ -28,9 +28,10 @@ def add_parser(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    from metrale.fmt import safe_text
     from metrale.runtime.cleanup import cleanup
 
     no_extra(extra)
     for line in cleanup(args.docker_cli, everything=args.everything).lines():
-        print(line)
+        print(safe_text(line))
     return 0

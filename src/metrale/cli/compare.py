@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from metrale.cli.parsing import no_extra
+from metrale.bounds import Bound
+from metrale.cli.parsing import bounded, no_extra
 from metrale.errors import UsageError
 
 
@@ -22,7 +23,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("b", type=Path, metavar="B")
     p.add_argument(
         "--tolerance",
-        type=float,
+        type=bounded(Bound(0, 1, unit="fraction of A")),
         default=0.05,
         metavar="FRACTION",
         help="differences below this fraction of A are 'same' (default 0.05)",
@@ -40,6 +41,7 @@ def add_parser(sub: Any) -> None:
 
 def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
     from metrale.errors import EXIT_VERDICT_FAILED
+    from metrale.fmt import safe_text
     from metrale.matrix.compare import compare_paths, render_comparison
 
     no_extra(extra)
@@ -47,5 +49,5 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
         raise UsageError(f"--tolerance {args.tolerance} is outside 0..1")
     names = [n.strip() for item in args.metric for n in item.split(",") if n.strip()]
     result = compare_paths(args.a, args.b, rel_tol=args.tolerance, names=names)
-    print(render_comparison(result, "csv" if args.csv else "plain"))
+    print(safe_text(render_comparison(result, "csv" if args.csv else "plain")))
     return EXIT_VERDICT_FAILED if result.worse else 0

@@ -32,6 +32,7 @@ def add_parser(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    from metrale.fmt import safe_text
     from metrale.plugin import discover
 
     no_extra(extra)
@@ -48,7 +49,7 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
             })  # fmt: skip
         print(json.dumps(out, indent=2))
         return 0
-    print(render_list(found))
+    print(safe_text(render_list(found)))
     return 0
 
 

@@ -16,6 +16,7 @@ from metrale.cli.parsing import no_extra, out_dir
 from metrale.cli.runtime_flags import NO_RUNTIME, add_runtime_args, runtime_options, shaping_flags
 from metrale.cli.target import add_target_args, client_options, open_target
 from metrale.errors import UsageError
+from metrale.fmt import safe_text
 from metrale.plugin.params import STANDARD_AXES
 
 if TYPE_CHECKING:
@@ -125,7 +126,7 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
 
     results = run_async(go)
     failed = sum(1 for r in results if r.status == "failed")
-    print(f"{len(results)} cells ({failed} failed) in {sweep.out}", file=sys.stderr)
+    print(safe_text(f"{len(results)} cells ({failed} failed) in {sweep.out}"), file=sys.stderr)
     return EXIT_RUN_FAILED if failed else 0
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
+from metrale.bounds import PORT, Bound
 from metrale.errors import UsageError
 
 _MISSING = re.compile(r"argument (--[\w-]+)(?:/\S+)?: expected one argument")
@@ -33,38 +34,26 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
-    return value
+def bounded(bound: Bound) -> Callable[[str], Any]:
+    """An argparse type for a number flag within `bound` (`metrale.bounds`): NaN, infinities
+    and values out of range are refused, and argparse's line names the flag and the range
+    (`argument --timeout: 'nan': accepted: a number > 0 and <= 604800 (seconds)`)."""
+
+    def parse(text: str) -> Any:
+        try:
+            return bound.parse(text, "value")
+        except UsageError:
+            raise argparse.ArgumentTypeError(f"{text!r}: accepted: {bound.accepted()}") from None
+
+    parse.__name__ = "number"
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return value
-
-
-def positive_int(text: str) -> int:
-    value = non_negative_int(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
-
-
-def port(text: str) -> int:
-    value = non_negative_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0..65535)")
-    return value
+#: the generic number types of flags with nothing narrower declared (finite, below CEILING)
+positive_float = bounded(Bound(0, lo_open=True))
+non_negative_int = bounded(Bound(0, integer=True))
+positive_int = bounded(Bound(1, integer=True))
+port = bounded(PORT)
 
 
 def out_dir(text: str) -> Path:

@@ -10,6 +10,7 @@ from typing import Any
 
 from metrale.cli.parsing import no_extra
 from metrale.errors import UsageError
+from metrale.fmt import safe_text
 
 
 def add_parser(sub: Any) -> None:
@@ -40,13 +41,14 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
                 f"{args.dir}: a {bench_id} run has no figure of its own; "
                 "plot a 'metrale matrix' directory instead"
             )
-        print(f"wrote {bench.plot_run(args.dir, args.output)}", file=sys.stderr)
+        print(safe_text(f"wrote {bench.plot_run(args.dir, args.output)}"), file=sys.stderr)
         return 0
     if is_cell_dir(args.dir):
         from metrale.matrix.plot import plot_dir
 
         info = plot_dir(args.dir, args.output)
-        print(f"wrote {info.path} ({info.width_px}x{info.height_px} px)", file=sys.stderr)
+        wrote = f"wrote {info.path} ({info.width_px}x{info.height_px} px)"
+        print(safe_text(wrote), file=sys.stderr)
         return 0
     raise UsageError(
         f"{args.dir}: nothing to plot; accepted: a 'metrale matrix' directory "

@@ -24,6 +24,7 @@ def add_parser(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    from metrale.fmt import safe_text
     from metrale.matrix import cell_from_run_dir, is_run_dir, read_cells
     from metrale.matrix.report import failure_notes, render_report
 
@@ -33,8 +34,10 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
     if args.html is not None:
         from metrale.matrix.html import write_html
 
-        print(f"wrote {write_html(args.dir, cells, args.html)}", file=sys.stderr)
-    print(render_report(cells, "csv" if args.csv else "json" if args.json else "markdown"))
+        written = write_html(args.dir, cells, args.html)
+        print(safe_text(f"wrote {written}"), file=sys.stderr)
+    style = "csv" if args.csv else "json" if args.json else "markdown"
+    print(safe_text(render_report(cells, style)))
     if args.csv or args.json:
         for note in failure_notes(cells):
             print(note, file=sys.stderr)

@@ -19,8 +19,9 @@ from metrale.cli.bench_flags import (
 from metrale.cli.options import refuse_model_flags, refuse_no_runtime, refuse_unused
 from metrale.cli.parsing import out_dir
 from metrale.cli.runtime_flags import add_runtime_args, runtime_from_args
-from metrale.cli.target import add_target_args, client_options, open_target
+from metrale.cli.target import add_target_args, client_options, open_target, resolve_api_key
 from metrale.errors import UsageError
+from metrale.fmt import safe_json, safe_text
 
 if TYPE_CHECKING:
     from metrale.plugin import Benchmark
@@ -118,7 +119,17 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
 
         if args.overwrite:
             raise UsageError("--overwrite conflicts with --resume")
-        earlier = resumed_run(args.resume, args, raw, runtime, options, ClientOptions())
+        earlier = resumed_run(
+            args.resume,
+            args,
+            raw,
+            runtime,
+            options,
+            ClientOptions(),
+            api_key=resolve_api_key(args.api_key),
+        )
+        for line in earlier.describe(args.resume):
+            print(safe_text(line), file=sys.stderr)
         args.benchmark, args.target, args.model = earlier.benchmark, earlier.target, earlier.model
         raw, runtime, options, budgets = (
             earlier.params,
@@ -171,10 +182,10 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
     if result.table.columns:
         print(render(result.table.columns, result.table.rows), file=out)
     for line in result.verdict.lines():
-        print(line, file=out)
+        print(safe_text(line), file=out)
     if result.error:
-        print(f"run failed: {result.error}", file=sys.stderr)
-    print(f"run directory: {outcome.run_dir}", file=sys.stderr)
+        print(f"run failed: {safe_text(result.error, lines=False)}", file=sys.stderr)
+    print(f"run directory: {safe_text(outcome.run_dir, lines=False)}", file=sys.stderr)
     if args.json:
-        print(outcome.model_dump_json(indent=2))
+        print(safe_json(outcome.model_dump_json(indent=2)))
     return outcome.exit_code

@@ -6,7 +6,17 @@ import argparse
 import os
 from typing import TYPE_CHECKING
 
-from metrale.cli.parsing import non_negative_int, positive_float, positive_int
+from metrale.bounds import (
+    BYTES,
+    COUNT,
+    CPU_S,
+    FILE_SIZE_MB,
+    MAX_PROCS,
+    MEMORY_MB,
+    RATE_PER_S,
+    TMPFS_MB,
+)
+from metrale.cli.parsing import bounded
 from metrale.errors import UsageError
 
 if TYPE_CHECKING:
@@ -33,26 +43,26 @@ def add_runtime_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None
     )
     g.add_argument(
         "--retries-runtime",
-        type=non_negative_int,
+        type=bounded(COUNT),
         metavar="N",
         help="retries of a sandbox start that failed (default 0)",
     )
     g.add_argument(
         "--runtime-rate",
-        type=positive_float,
+        type=bounded(RATE_PER_S),
         metavar="PER_S",
         help="at most this many sandbox starts per second",
     )
     g.add_argument(
         "--start-limit",
-        type=non_negative_int,
+        type=bounded(COUNT),
         metavar="N",
         help="sandbox starts in flight at once (default: adaptive, from the cores and the "
         "measured start latency; 0 = no bound); the wait for a slot is recorded as setup_wait",
     )
     g.add_argument(
         "--runtime-pool",
-        type=non_negative_int,
+        type=bounded(COUNT),
         metavar="N",
         help="keep N sandboxes started ahead of the rollouts that will use them, each used "
         "once (default 0); their start is reported as pool_start, apart from setup",
@@ -65,20 +75,20 @@ def add_runtime_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None
     )
     g.add_argument(
         "--cpu-seconds",
-        type=non_negative_int,
+        type=bounded(CPU_S),
         metavar="S",
         help="CPU seconds per process (RLIMIT_CPU)",
     )
     g.add_argument(
         "--memory-mb",
-        type=non_negative_int,
+        type=bounded(MEMORY_MB),
         metavar="MB",
         help="bwrap: the sandbox's total memory where a memory cgroup can be made, else per "
         "process (default 8192); subprocess: address space per process; docker: container memory",
     )
     g.add_argument(
         "--tmp-mb",
-        type=positive_int,
+        type=bounded(TMPFS_MB),
         metavar="MB",
         help="bwrap: size of the sandbox's /tmp tmpfs (default 512)",
     )
@@ -91,13 +101,13 @@ def add_runtime_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None
     )
     g.add_argument(
         "--max-procs",
-        type=non_negative_int,
+        type=bounded(MAX_PROCS),
         metavar="N",
         help="processes of the sandbox user (docker: pids limit)",
     )
     g.add_argument(
         "--file-size-mb",
-        type=non_negative_int,
+        type=bounded(FILE_SIZE_MB),
         metavar="MB",
         help="largest file a process may write",
     )
@@ -120,7 +130,7 @@ def add_runtime_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None
     )
     g.add_argument(
         "--output-cap",
-        type=non_negative_int,
+        type=bounded(BYTES),
         metavar="BYTES",
         help="stdout/stderr kept per command, head and tail (default 1 MiB)",
     )

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO
 
+from metrale.bounds import TIMEOUT_S
 from metrale.cli.aio import run_async
-from metrale.cli.parsing import no_extra, positive_float
+from metrale.cli.parsing import bounded, no_extra
 from metrale.cli.runtime_flags import add_runtime_args, runtime_from_args
 from metrale.errors import RunError, UsageError
+from metrale.fmt import safe_text
 
 
 def add_parser(sub: Any) -> None:
@@ -21,7 +23,7 @@ def add_parser(sub: Any) -> None:
         "sandbox; exit with the command's exit code (124 on timeout).",
     )
     add_runtime_args(p)
-    p.add_argument("--timeout", type=positive_float, metavar="S", help="seconds (default none)")
+    p.add_argument("--timeout", type=bounded(TIMEOUT_S), metavar="S", help="seconds (default none)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
     p.set_defaults(handler=handle)
 
@@ -50,10 +52,9 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
                 result = await sandbox.run(command, timeout=args.timeout)
         except RuntimeStartError as exc:
             raise RunError(f"sandbox did not start: {exc}") from None
-        sys.stdout.write(result.stdout)
-        sys.stdout.flush()
-        sys.stderr.write(result.stderr)
-        sys.stderr.flush()
+        for stream, text in ((sys.stdout, result.stdout), (sys.stderr, result.stderr)):
+            stream.write(_shown(stream, text))
+            stream.flush()
         return 124 if result.timed_out else result.exit_code
 
     try:
@@ -62,3 +63,14 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
         raise RunError(f"cannot start the sandbox: {exc}") from None
     except RuntimeError as exc:
         raise RunError(f"sandbox failed: {exc}") from None
+
+
+def _shown(stream: TextIO, text: str) -> str:
+    """The command's output as it is into a pipe or a file (it is the user's data), and with
+    its control sequences escaped on a terminal (`fmt.safe_text`): a sandboxed command must not
+    set the title, write the clipboard or clear the screen of the user's terminal."""
+    try:
+        terminal = stream.isatty()
+    except (AttributeError, ValueError):
+        terminal = False
+    return safe_text(text) if terminal else text

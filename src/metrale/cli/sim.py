@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from metrale.bounds import COUNT, DELAY_S, FRACTION, SEED, TOKENS, TOKENS_PER_S
 from metrale.cli.aio import run_async
-from metrale.cli.parsing import no_extra, non_negative_int, port
+from metrale.cli.parsing import bounded, no_extra, port
 from metrale.errors import UsageError
 
 
@@ -18,18 +19,21 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=port, default=8000, help="0 picks a free port")
     p.add_argument("--model", default="metrale-sim")
-    p.add_argument("--ttft", type=float, default=0.0, metavar="S", help="time to first token")
-    p.add_argument("--itl", type=float, default=0.0, metavar="S", help="inter-token delay")
-    p.add_argument("--output-tokens", type=non_negative_int, default=16)
+    delay = bounded(DELAY_S)  # every number flag refuses NaN, infinities and out of range
+    p.add_argument("--ttft", type=delay, default=0.0, metavar="S", help="time to first token")
+    p.add_argument("--itl", type=delay, default=0.0, metavar="S", help="inter-token delay")
+    p.add_argument("--output-tokens", type=bounded(TOKENS), default=16)
     p.add_argument("--reply", default=None, help="fixed reply text (split on spaces)")
-    p.add_argument("--error-rate", type=float, default=0.0, help="fraction of calls to fail")
+    p.add_argument(
+        "--error-rate", type=bounded(FRACTION), default=0.0, help="fraction of calls to fail"
+    )
     p.add_argument(
         "--error-kinds", default="5xx,drop,malformed", help="comma list of 5xx, drop, malformed"
     )
     p.add_argument("--no-usage", action="store_true", help="send no usage in responses")
     p.add_argument(
         "--header-delay",
-        type=float,
+        type=bounded(DELAY_S),
         default=0.0,
         metavar="S",
         help="hold the response headers back S after the request (send, headers and first "
@@ -40,17 +44,17 @@ def add_parser(sub: Any) -> None:
         metavar="KEY",
         help="answer 401 unless a request carries 'Authorization: Bearer KEY'",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=bounded(SEED), default=0)
     p.add_argument(
         "--max-running",
-        type=non_negative_int,
+        type=bounded(COUNT),
         default=0,
         metavar="N",
         help="capacity: at most N requests served at once, the rest queue (0 = no cap)",
     )
     p.add_argument(
         "--token-budget",
-        type=float,
+        type=bounded(TOKENS_PER_S),
         default=0.0,
         metavar="TOK_S",
         help="capacity: output tokens/s shared by all streams (0 = no budget)",

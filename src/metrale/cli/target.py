@@ -14,7 +14,8 @@ import sys
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from metrale.cli.parsing import non_negative_int, positive_float
+from metrale.bounds import COUNT, KIB, TIMEOUT_S
+from metrale.cli.parsing import bounded
 from metrale.errors import RunError
 
 if TYPE_CHECKING:
@@ -32,20 +33,20 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--api-key", metavar="KEY", help="bearer token (default: $OPENAI_API_KEY)")
     g.add_argument(
         "--retries",
-        type=non_negative_int,
+        type=bounded(COUNT),
         metavar="N",
         help="retries per call on connection errors, 429 and 5xx (default 2)",
     )
     g.add_argument(
         "--request-timeout",
-        type=positive_float,
+        type=bounded(TIMEOUT_S),
         metavar="S",
         help="seconds per request, server-side queueing included (default 600)",
     )
     g.add_argument("--no-stream", action="store_true", help="non-streaming calls")  # fmt: skip
     g.add_argument(
         "--max-response-kb",
-        type=non_negative_int,
+        type=bounded(KIB),
         metavar="KB",
         help="largest response body kept per call; beyond it the call fails as "
         "response_too_large (default: 16 KiB + 4 KiB per max_tokens token, 0 = no cap)",

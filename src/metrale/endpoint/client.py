@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, Field
 
+from metrale.bounds import BYTES, COUNT, DELAY_S, TIMEOUT_S, pydantic_range
 from metrale.endpoint.http import ConnectionPool
 from metrale.endpoint.stream import CallFailed, Completion, StreamParser, exchange
 from metrale.endpoint.stream import ToolCall as ToolCall  # re-exported: records name it
@@ -55,13 +56,13 @@ RESPONSE_DEFAULT_CAP_BYTES = 16 * 1024 * 1024
 
 
 class ClientOptions(BaseModel):
-    request_timeout_s: float = 600.0
-    retries: int = 2
-    backoff_base_s: float = 0.25
-    backoff_max_s: float = 8.0
+    request_timeout_s: float = Field(default=600.0, **pydantic_range(TIMEOUT_S))
+    retries: int = Field(default=2, **pydantic_range(COUNT))
+    backoff_base_s: float = Field(default=0.25, **pydantic_range(DELAY_S))
+    backoff_max_s: float = Field(default=8.0, **pydantic_range(DELAY_S))
     stream: bool = True
     #: response body cap in bytes; None: derived from max_tokens (`response_cap`); 0: no cap
-    max_response_bytes: int | None = None
+    max_response_bytes: int | None = Field(default=None, **pydantic_range(BYTES))
 
     def response_cap(self, max_tokens: int | None) -> int | None:
         """Bytes of body one call may receive: past it, the call fails as `response_too_large`.

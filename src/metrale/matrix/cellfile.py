@@ -15,12 +15,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from metrale import __version__
 from metrale.errors import UsageError
 from metrale.plugin import SCHEMA_VERSION, RunSummary, Status
-from metrale.rundir import installed_metrics, read_records, summarize_run_records
+from metrale.rundir import (
+    installed_metrics,
+    read_model,
+    read_records,
+    read_run_file,
+    read_versioned,
+    summarize_run_records,
+)
 
 if TYPE_CHECKING:
     from metrale.rollout import RolloutRecord
@@ -79,7 +86,8 @@ class CellResult(RunSummary):
 
 def summarize(records: Sequence[RolloutRecord], cell: CellResult) -> CellResult:
     """Fill the numbers of `cell` from the records of its run (declared metrics included)."""
-    return cell.with_summary(summarize_run_records(records, cell.benchmark, cell.e2e_s))
+    where = f"{cell.run_dir}/rollouts.jsonl" if cell.run_dir else cell.cell
+    return cell.with_summary(summarize_run_records(records, cell.benchmark, cell.e2e_s, where))
 
 
 def with_declarations(cell: CellResult) -> CellResult:
@@ -101,7 +109,11 @@ def write_cell(out_dir: Path, cell: CellResult) -> Path:
         del data["max_concurrent"]
     tmp = out_dir / f".{cell.cell}.json.{os.getpid()}.tmp"
     try:
-        tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
+        tmp.unlink(missing_ok=True)  # exclusive and no link followed: a sweep dir is data too
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with open(os.open(tmp, flags, 0o644), "w", encoding="utf-8") as f:
+            f.write(text)
         tmp.replace(target)
     finally:
         tmp.unlink(missing_ok=True)
@@ -109,16 +121,9 @@ def write_cell(out_dir: Path, cell: CellResult) -> Path:
 
 
 def read_cell(path: Path) -> CellResult:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"{path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read {path}: {exc}") from None
-    try:
-        return with_declarations(CellResult.from_file_data(json.loads(text), path))
-    except ValueError:  # not JSON, or not a cell (a ValidationError is one)
-        raise UsageError(f"{path} is not a metrale cell file (from 'metrale matrix')") from None
+    """A cell file; anything else is one line naming the file and the field."""
+    form = "a metrale cell file (from 'metrale matrix')"
+    return with_declarations(read_versioned(path, CellResult, "cell file", form=form))
 
 
 def cell_files(directory: Path) -> list[Path]:
@@ -143,45 +148,60 @@ def read_cells(directory: Path) -> list[CellResult]:
     return sorted((read_cell(p) for p in paths), key=CellResult.sort_key)
 
 
+class _StoredOutcome(BaseModel):
+    status: str | None = None
+    error: str | None = None
+    metrics: dict[str, float | int | None] = Field(default_factory=dict)
+
+
+class _StoredResult(BaseModel):
+    """The part of `result.json` a report reads, typed: a wrong type is named, not ignored."""
+
+    result: _StoredOutcome = Field(default_factory=_StoredOutcome)
+
+
 def cell_from_run_dir(run_dir: Path) -> CellResult:
     """A cell summary of a plain run directory, named after the directory: the summary its
-    result.json holds, else (a run that never finished) one made from its records."""
-    try:
-        info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"{run_dir} is not a run directory (no run.json)") from None
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read {run_dir / 'run.json'}: {exc}") from None
-    params = info.get("params") or {}
-    runtime = info.get("runtime") or None
+    result.json holds, else (a run that never finished) one made from its records. Every file
+    is read typed and bounded (`rundir.read_model`): a malformed one is one line naming it."""
+    if not (run_dir / "run.json").exists():
+        raise UsageError(f"{run_dir} is not a run directory (no run.json)")
+    info = read_run_file(run_dir)
+    params = info.params
+    runtime = info.runtime
     rollouts = params.get("rollouts")
+    max_concurrent = params.get("max_concurrent")
+    if max_concurrent is not None and (
+        not isinstance(max_concurrent, int) or isinstance(max_concurrent, bool)
+    ):
+        raise UsageError(
+            f"run file {run_dir / 'run.json'}: field params.max_concurrent: "
+            "accepted: an integer or null"
+        )
+    runtime_type = runtime.get("type", "?") if runtime is not None else "none"
     cell = CellResult(
         cell=run_dir.name,
-        benchmark=str(info.get("benchmark", "")),
-        runtime=str(runtime.get("type", "?")) if isinstance(runtime, dict) else "none",
-        runtime_config=runtime if isinstance(runtime, dict) else None,
-        rollouts=int(rollouts) if isinstance(rollouts, int) else None,
-        max_concurrent=params.get("max_concurrent"),
+        benchmark=info.benchmark,
+        runtime=str(runtime_type),
+        runtime_config=runtime,
+        rollouts=rollouts if isinstance(rollouts, int) else None,
+        max_concurrent=max_concurrent,
         params={k: v for k, v in params.items() if k not in ("rollouts", "max_concurrent")},
-        target=str(info.get("target", "")),
-        model=str(info.get("model", "")),
-        metrale_version=str(info.get("metrale_version", "")),
-        started_at=str(info.get("started_at", "")),
+        target=info.target,
+        model=info.model,
+        metrale_version=info.metrale_version,
+        started_at=info.started_at,
         run_dir=str(run_dir),
     )
     result_path = run_dir / "result.json"
-    if result_path.is_file():
-        try:
-            outcome = json.loads(result_path.read_text(encoding="utf-8"))
-            result = outcome.get("result") or {}
-            if result.get("status") == Status.FAILED:
-                cell.status, cell.error = Status.FAILED, result.get("error")
-            cell.e2e_s = (result.get("metrics") or {}).get("e2e_s")  # the work, not the wall
-            summary = run_dir / "summary.json"
-            if summary.is_file():
-                found = RunSummary.from_file_data(json.loads(summary.read_bytes()), summary)
-                return with_declarations(cell.with_summary(found))
-        except (OSError, ValueError) as exc:  # a newer file's UsageError is not one: it is said
-            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            logger.warning("%s: unreadable result (%s): summarised from its records", run_dir, why)
+    if result_path.exists() or result_path.is_symlink():
+        result = read_model(result_path, _StoredResult, "result file").result
+        if result.status == Status.FAILED:
+            cell.status, cell.error = Status.FAILED, result.error
+        e2e = result.metrics.get("e2e_s")  # the work, not the wall
+        cell.e2e_s = None if e2e is None else float(e2e)
+        summary = run_dir / "summary.json"
+        if summary.exists() or summary.is_symlink():
+            found = read_versioned(summary, RunSummary, "summary file")
+            return with_declarations(cell.with_summary(found))
     return summarize(read_records(run_dir / "rollouts.jsonl"), cell)

@@ -15,7 +15,7 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from metrale.errors import UsageError
+from metrale.errors import UsageError, data_lines
 from metrale.fmt import duration_text, number_text
 from metrale.matrix.cellfile import CellResult
 from metrale.plugin import SUMMARY_STAGES, Status
@@ -139,10 +139,14 @@ def _transcripts(records: list[RolloutRecord], run_dir: Path, limits: Limits) ->
 
 def _messages(path: Path, limits: Limits) -> str:
     out = []
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError as exc:
-        return f'<p class="err">cannot read {escape(str(path))}: {escape(str(exc))}</p>'
+    lines: list[bytes] = []
+    try:  # regular files only, bounded: a transcript may be a FIFO or a link to /dev/zero
+        for line in data_lines(path, "transcript"):
+            lines.append(line)
+            if len(lines) > limits.messages:
+                break
+    except UsageError as exc:
+        return f'<p class="err">{escape(str(exc))}</p>'
     for line in lines[: limits.messages]:
         try:
             message = json.loads(line)
@@ -157,7 +161,7 @@ def _messages(path: Path, limits: Limits) -> str:
             f"<pre>{escape(_cut(body, limits.chars))}</pre></div>"
         )
     if len(lines) > limits.messages:
-        out.append(f'<p class="note">… {len(lines) - limits.messages} more messages</p>')
+        out.append(f'<p class="note">… more messages in {escape(str(path))}</p>')
     return "".join(out) or '<p class="note">empty transcript</p>'
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from metrale import runner
 from metrale.errors import UsageError
+from metrale.fmt import safe_text
 from metrale.matrix.cellfile import CellResult, read_cell, summarize, write_cell
 from metrale.matrix.sweep import NO_RUNTIME, Cell, Sweep
 from metrale.plugin import Benchmark, Status, canonical_id, get_benchmark
@@ -154,7 +155,8 @@ async def run_sweep(
         done = _completed_cell(plan.sweep.out, cell) if resume else None
         if done is not None:
             if report is not None:
-                print(f"[{i}/{len(todo)}] {cell.name}  completed earlier: kept", file=report)
+                kept = f"[{i}/{len(todo)}] {cell.name}  completed earlier: kept"
+                print(safe_text(kept), file=report)
             results.append(done)
             continue
         target = targets[cell.tier.name]
@@ -242,7 +244,7 @@ def cell_line(cell: CellResult) -> str:
         text += f"  total {total.cell(unit)} {unit}"
     if cell.status == Status.FAILED:
         text += f"  FAILED: {cell.error}"
-    return text
+    return safe_text(text, lines=False)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -108,7 +108,7 @@ def _page(title: str, body: str, data: dict[str, Any]) -> str:
     assets = resources.files("metrale.matrix").joinpath("assets")
     css = assets.joinpath("report.css").read_text(encoding="utf-8")
     js = assets.joinpath("report.js").read_text(encoding="utf-8")
-    payload = json.dumps(data, ensure_ascii=False, allow_nan=False).replace("</", "<\\/")
+    payload = script_json(data)
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">\n'
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">\n'
@@ -117,6 +117,25 @@ def _page(title: str, body: str, data: dict[str, Any]) -> str:
         f'<script type="application/json" id="report-data">{payload}</script>\n'
         f"<script>\n{js}</script>\n</body></html>\n"
     )
+
+
+#: What must not appear raw inside a <script> element: `<` (`</script`, `<!--`, `<script`
+#: end or re-nest it), `>` and `&` (for good measure), and U+2028/2029 (line ends to old JS).
+_SCRIPT_UNSAFE: dict[str, str | int | None] = {
+    "<": "\\u003c",
+    ">": "\\u003e",
+    "&": "\\u0026",
+    "\u2028": "\\u2028",
+    "\u2029": "\\u2029",
+}
+
+
+def script_json(data: Any) -> str:
+    """`data` as JSON that is safe inside a <script> element whatever its strings hold: each
+    unsafe character is written as its `\\uXXXX` escape, so the parsed value is the same and
+    no sequence of the text can end the element or open a comment in it."""
+    text = json.dumps(data, ensure_ascii=False, allow_nan=False)
+    return text.translate(str.maketrans(_SCRIPT_UNSAFE))
 
 
 def _table_html(cells: Sequence[CellResult], ids: dict[str, str]) -> str:

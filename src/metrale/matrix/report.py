@@ -25,7 +25,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from metrale.errors import UsageError
-from metrale.fmt import duration_text, duration_unit, in_unit, number_text, spread_column
+from metrale.fmt import (
+    duration_text,
+    duration_unit,
+    in_unit,
+    number_text,
+    safe_json,
+    safe_text,
+    spread_column,
+)
 from metrale.matrix.cellfile import CellResult, with_declarations
 from metrale.plugin import SUMMARY_STAGES, Metric, Status, shown_stages
 from metrale.stats import Spread
@@ -156,12 +164,13 @@ def export_json(cells: Sequence[CellResult]) -> str:
     rows = export_rows(cells)
     for row, c in zip(rows, cells, strict=True):
         row["params"] = c.params
-    return json.dumps({"cells": rows}, indent=1, ensure_ascii=False)
+    return safe_json(json.dumps({"cells": rows}, indent=1, ensure_ascii=False))
 
 
 def failure_notes(cells: Sequence[CellResult]) -> list[str]:
     """One line per failed cell: the table alone would hide why a row is empty."""
-    return [f"{c.cell}: failed: {c.error}" for c in cells if c.status == Status.FAILED]
+    failed = [c for c in cells if c.status == Status.FAILED]
+    return [safe_text(f"{c.cell}: failed: {c.error}", lines=False) for c in failed]
 
 
 def render_report(cells: Sequence[CellResult], style: str = "markdown") -> str:

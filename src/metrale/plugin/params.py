@@ -6,11 +6,13 @@ into the declared type or raises a `UsageError` that names the parameter and wha
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from metrale.bounds import CEILING
 from metrale.errors import UsageError
 
 ParamType = Literal["int", "float", "str", "bool"]
@@ -54,6 +56,13 @@ class ParamSpec(BaseModel):
                 f"parameter {self.name} cannot be none; accepted: {self.describe_type()}"
             )
         value = _convert(self, raw)
+        if self.type in ("int", "float") and not (
+            math.isfinite(value) and abs(value) <= CEILING
+        ):  # NaN passes every comparison below, and an infinity every missing maximum
+            raise UsageError(
+                f"parameter {self.name}={raw!s} is not a finite number of at most {CEILING:.0e}; "
+                f"accepted: {self.describe_type()}"
+            )
         if self.choices is not None and value not in self.choices:
             raise UsageError(
                 f"parameter {self.name}={raw!s} is not one of: "

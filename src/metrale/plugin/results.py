@@ -123,7 +123,11 @@ class RunSummary(BaseModel):
         default_factory=lambda: {s: list[float]() for s in SUMMARY_STAGES}
     )
     metrics: dict[str, float | int | None] = Field(default_factory=dict)
-    samples: dict[str, list[Any] | dict[str, list[Any]]] = Field(default_factory=dict)
+    #: numbers, or pairs for a ratio's sample; typed so that a file read back cannot hand a
+    #: statistic a string (`matrix.compare` bootstraps these)
+    samples: dict[str, list[float | list[float] | None] | dict[str, list[float]]] = Field(
+        default_factory=dict
+    )
     sampled: dict[str, int] = Field(
         default_factory=dict,
         description="metrics and stages whose values in `durations`/`samples` are a uniform "

@@ -13,6 +13,7 @@ from typing import Any, NoReturn, Protocol, Self, runtime_checkable
 
 from pydantic import BaseModel, Field, PrivateAttr
 
+from metrale.bounds import BYTES, COUNT, RATE_PER_S, pydantic_range
 from metrale.errors import UsageError
 
 #: Flat resource-limit options every runtime config with a `limits` field accepts.
@@ -46,13 +47,13 @@ class RuntimeConfig(BaseModel):
     """Base of every runtime's config; concrete configs set `type` to a literal."""
 
     type: str
-    output_cap_bytes: int = 1 << 20
-    start_rate: float | None = None
+    output_cap_bytes: int = Field(default=1 << 20, **pydantic_range(BYTES))
+    start_rate: float | None = Field(default=None, **pydantic_range(RATE_PER_S))
     """Sandbox creations per second across one run (None: unthrottled); waiting counts as setup."""
-    start_limit: int | None = Field(default=None, ge=0)
+    start_limit: int | None = Field(default=None, **pydantic_range(COUNT))
     """Sandbox starts in flight at once (None: adaptive to the start latency, from twice the
     cores; 0: no bound); waiting for a slot is the rollout's `setup_wait`, part of setup."""
-    pool: int = Field(default=0, ge=0)
+    pool: int = Field(default=0, **pydantic_range(COUNT))
     """Sandboxes started ahead of the rollouts that will use them, one each, never reused
     (0: none); the pool's start is the rollout's `pool_start`, not part of its setup."""
     #: the config (as JSON) that last passed `check_runtime`, in this process: not saved

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
+from metrale.bounds import CPUS, MAX_PROCS, MEMORY_MB, TMPFS_MB, Bound, pydantic_range
 from metrale.errors import UsageError
 from metrale.runtime.base import LIMIT_KEYS, Runtime, RuntimeConfig, Throttle, unknown_options
 from metrale.runtime.procs import Limits, RateLimiter
@@ -84,8 +85,12 @@ class BwrapConfig(RuntimeConfig):
     network: bool = False
     workdir: str = Field(default="/work", description="the workdir's path inside the sandbox")
     env: dict[str, str] = Field(default_factory=dict)
-    tmp_mb: int | None = Field(default=512, ge=1, description="size of the sandbox's /tmp")
-    shm_mb: int | None = Field(default=64, ge=1, description="size of the sandbox's /dev/shm")
+    tmp_mb: int | None = Field(
+        default=512, description="size of the sandbox's /tmp", **pydantic_range(TMPFS_MB)
+    )
+    shm_mb: int | None = Field(
+        default=64, description="size of the sandbox's /dev/shm", **pydantic_range(TMPFS_MB)
+    )
     root: str | None = Field(
         default=None,
         description="a host directory holding a whole root file system (an exported image) "
@@ -114,6 +119,12 @@ class BwrapConfig(RuntimeConfig):
     def from_flat(cls, options: dict[str, Any]) -> dict[str, Any]:
         """Besides the shared flat options, `ro_binds` / `rw_binds`: `SRC` or `SRC:DST`."""
         binds = {k: options.pop(k) for k in _BIND_KEYS if k in options}
+        for key, value in binds.items():
+            if not isinstance(value, list | tuple) or not all(isinstance(b, str) for b in value):
+                raise UsageError(
+                    f"bad bwrap runtime option {key}: {value!r}; accepted: a list of SRC or "
+                    "SRC:DST paths"
+                )
         fields = super().from_flat(options)
         if binds:
             parsed = list(fields.pop("binds", []))
@@ -136,9 +147,13 @@ class DockerConfig(RuntimeConfig):
     image: str = DEFAULT_IMAGE
     cli: str = "docker"
     network: str = Field(default="none", description="none (default), bridge, host, ...")
-    cpus: float | None = Field(default=1.0, gt=0)
-    memory_mb: int | None = Field(default=2048, gt=0, description="RAM + swap of the container")
-    max_procs: int | None = Field(default=256, gt=0, description="--pids-limit")
+    cpus: float | None = Field(default=1.0, **pydantic_range(CPUS))
+    memory_mb: int | None = Field(
+        default=2048, description="RAM + swap of the container", **pydantic_range(MEMORY_MB)
+    )
+    max_procs: int | None = Field(
+        default=256, description="--pids-limit", **pydantic_range(MAX_PROCS)
+    )
     workdir: str = Field(default="/work", pattern="^/")
     env: dict[str, str] = Field(default_factory=dict)
 
@@ -172,7 +187,11 @@ class RayConfig(RuntimeConfig):
     type: Literal["ray"] = "ray"
     address: str = "auto"
     inner: InnerConfig = Field(default_factory=SubprocessConfig)
-    actor_cpus: float = Field(default=0.01, description="CPU the actor reserves when placed")
+    actor_cpus: float = Field(
+        default=0.01,
+        description="CPU the actor reserves when placed",
+        **pydantic_range(Bound(0, 4096, unit="CPUs")),
+    )
     spread: bool = Field(default=True, description="SPREAD scheduling across nodes")
 
     def create(self, throttle: Throttle | None = None) -> Runtime:

@@ -22,8 +22,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar, TypeVar, cast
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
+from metrale.bounds import CPU_S, FILE_SIZE_MB, MAX_PROCS, MEMORY_MB, pydantic_range
 from metrale.runtime.base import ProgramResult
 
 T = TypeVar("T")
@@ -82,10 +83,10 @@ class Limits(BaseModel):
     subprocess as root).
     """
 
-    cpu_s: int | None = 1800
-    memory_mb: int | None = 8192
-    max_procs: int | None = 256
-    file_size_mb: int | None = 1024
+    cpu_s: int | None = Field(default=1800, **pydantic_range(CPU_S))
+    memory_mb: int | None = Field(default=8192, **pydantic_range(MEMORY_MB))
+    max_procs: int | None = Field(default=256, **pydantic_range(MAX_PROCS))
+    file_size_mb: int | None = Field(default=1024, **pydantic_range(FILE_SIZE_MB))
 
     def prlimit_argv(self, *, address_space: bool = True) -> list[str]:
         """`prlimit --cpu=.. --as=.. -- ` (empty when no limit is set); without

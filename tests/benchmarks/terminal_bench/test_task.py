@@ -88,7 +88,7 @@ def _broken(tmp_path: Path, how: str) -> Path:
         ("no-toml", "task.toml", "missing"),
         ("no-test", "tests/test.sh", "missing"),
         ("bad-toml", "task.toml", "not valid TOML"),
-        ("bad-timeout", "task.toml", "timeout_sec must be a positive number"),
+        ("bad-timeout", "task.toml", "timeout_sec = 'soon' is not a number; accepted"),
         ("bad-memory", "task.toml", "is not a size"),
         ("both-memory", "task.toml", "both memory and memory_mb"),
         ("bad-internet", "task.toml", "allow_internet must be true or false"),

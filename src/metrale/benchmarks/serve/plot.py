@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from metrale.errors import UsageError
+from metrale.errors import UsageError, read_data_file
 
 logger = logging.getLogger(__name__)
 
@@ -27,9 +27,10 @@ def plot_serve(directory: Path, out: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    raw = read_data_file(directory / LEVELS_FILE, "serve levels file")
     try:
-        levels = ServeLevels.model_validate_json((directory / LEVELS_FILE).read_text())
-    except (OSError, ValueError) as exc:
+        levels = ServeLevels.model_validate_json(raw)
+    except ValueError as exc:
         raise UsageError(f"{directory / LEVELS_FILE} is not a serve levels file: {exc}") from None
     points = sorted(
         (lv for lv in levels.levels if lv.metrics.get("request_throughput")),
@@ -80,12 +81,13 @@ def serve_curves(directory: Path) -> list[dict[str, Any]]:
     from metrale.benchmarks.serve.params import LEVELS_FILE, ServeLevels
     from metrale.fmt import number_text
 
-    try:
-        levels = ServeLevels.model_validate_json((directory / LEVELS_FILE).read_text())
-    except FileNotFoundError:
+    path = directory / LEVELS_FILE
+    if not path.exists() and not path.is_symlink():
         return []
-    except (OSError, ValueError) as exc:
-        logger.warning("%s: unreadable, no curves: %s", directory / LEVELS_FILE, exc)
+    try:  # read bounded, a regular file only: the run directory may come from anyone
+        levels = ServeLevels.model_validate_json(read_data_file(path, "serve levels file"))
+    except (UsageError, ValueError) as exc:
+        logger.warning("%s: unreadable, no curves: %s", path, exc)
         return []
     points = sorted(
         (lv for lv in levels.levels if lv.metrics.get("request_throughput")),

@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from metrale.bounds import CPUS, MEMORY_MB, TIMEOUT_S, Bound
 from metrale.errors import UsageError, read_user_file
 
 #: Harbor's defaults where task.toml is silent.
@@ -130,10 +131,10 @@ def load_task(spec: str) -> HarborTask:
     verifier = _table(data, "verifier", where)
     env = _table(data, "environment", where)
     environment = Environment(
-        build_timeout_s=_positive(env, "build_timeout_sec", where, DEFAULT_BUILD_TIMEOUT_S),
-        cpus=_positive(env, "cpus", where, None),
+        build_timeout_s=_number(env, "build_timeout_sec", where, DEFAULT_BUILD_TIMEOUT_S),
+        cpus=_number(env, "cpus", where, None, bound=CPUS),
         memory_mb=_memory_mb(env, where),
-        storage_mb=_int(env, "storage_mb", where),
+        storage_mb=_number(env, "storage_mb", where, None, bound=STORAGE_MB),
         allow_internet=_bool(env, "allow_internet", where, True),
         docker_image=_str(env, "docker_image", where),
     )
@@ -154,8 +155,8 @@ def load_task(spec: str) -> HarborTask:
         instruction=instruction,
         version=None if version is None else str(version),
         metadata=metadata,
-        agent_timeout_s=_positive(agent, "timeout_sec", where, DEFAULT_AGENT_TIMEOUT_S, "agent"),
-        verifier_timeout_s=_positive(
+        agent_timeout_s=_number(agent, "timeout_sec", where, DEFAULT_AGENT_TIMEOUT_S, "agent"),
+        verifier_timeout_s=_number(
             verifier, "timeout_sec", where, DEFAULT_VERIFIER_TIMEOUT_S, "verifier"
         ),
         environment=environment,
@@ -175,24 +176,25 @@ def _table(data: dict[str, Any], name: str, where: str) -> dict[str, Any]:
     return value
 
 
-def _positive(
-    table: dict[str, Any], key: str, where: str, default: Any, section: str = "environment"
+#: A task's disk: 1 MB up to 16 TB.
+STORAGE_MB = Bound(1, 16 * 2**20, integer=True, unit="MB")
+
+
+def _number(
+    table: dict[str, Any],
+    key: str,
+    where: str,
+    default: Any,
+    section: str = "environment",
+    *,
+    bound: Bound = TIMEOUT_S,
 ) -> Any:
-    value = table.get(key, default)
-    if value is default:
+    """`table[key]` within `bound` (`metrale.bounds`: NaN and infinities refused), else one
+    line naming the file, the field and the accepted range."""
+    if key not in table:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise UsageError(f"{where}: [{section}] {key} must be a positive number, not {value!r}")
-    return float(value)
-
-
-def _int(table: dict[str, Any], key: str, where: str) -> int | None:
-    value = table.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise UsageError(f"{where}: [environment] {key} must be a positive integer, not {value!r}")
-    return value
+    value = bound.check(table[key], f"{where}: [{section}] {key}")
+    return value if bound.integer else float(value)
 
 
 def _bool(table: dict[str, Any], key: str, where: str, default: bool) -> bool:
@@ -216,7 +218,7 @@ def _memory_mb(table: dict[str, Any], where: str) -> int | None:
     if "memory_mb" in table and "memory" in table:
         raise UsageError(f"{where}: [environment] has both memory and memory_mb; give one")
     if "memory_mb" in table:
-        return _int(table, "memory_mb", where)
+        return int(_number(table, "memory_mb", where, None, bound=MEMORY_MB))
     raw = table.get("memory")
     if raw is None:
         return None
@@ -226,9 +228,7 @@ def _memory_mb(table: dict[str, Any], where: str) -> int | None:
             f'{where}: [environment] memory = {raw!r} is not a size; accepted: e.g. "2G", "512M"'
         )
     mb = float(match.group(1)) * _UNITS[match.group(2).lower()]
-    if mb < 1:
-        raise UsageError(f"{where}: [environment] memory = {raw!r} is under 1 MB")
-    return int(mb)
+    return int(MEMORY_MB.check(int(mb), f"{where}: [environment] memory = {raw!r} (MB)"))
 
 
 _ARG = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}?")
