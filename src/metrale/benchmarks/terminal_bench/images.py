@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from metrale.benchmarks.terminal_bench.build_mounts import check_mounts
 from metrale.benchmarks.terminal_bench.task import HarborTask
 from metrale.errors import UsageError
 from metrale.runtime.configs import DEFAULT_IMAGE
@@ -212,6 +213,7 @@ async def ensure_image(
         tag = mapping.get(tag) or BUILTIN_BASES.get(tag) or tag
     else:
         assert task.dockerfile is not None
+        check_mounts(task.name, task.dockerfile.text)  # a HarborTask not made by load_task
         tag = image_tag(task, context_hash(task, base_ids))
         cached = await inspect(cli, tag) is not None
         if not cached:
@@ -299,7 +301,10 @@ def _lock(path: Path) -> int:
 
 
 async def _export(tag: str, cli: str, target: Path) -> None:
-    code, out, err = await _cli(cli, "create", "--label", "metrale.sandbox=1", tag, "true")
+    # the host's user namespace for this never-started container: in an engine that maps each
+    # container's root to a subordinate uid (userns=auto), the export would carry those uids
+    argv = ["create", "--userns=host", "--label", "metrale.sandbox=1", tag, "true"]
+    code, out, err = await _cli(cli, *argv)
     if code != 0:
         raise ImageBuildError(f"cannot create a container of {tag} to export: {err.strip()}")
     container = out.decode().strip().splitlines()[-1]
