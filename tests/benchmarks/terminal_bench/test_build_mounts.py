@@ -68,3 +68,25 @@ def test_a_mount_of_a_host_or_image_path_is_refused_naming_task_and_line(
 def test_mounts_that_name_no_host_path_still_load(tmp_path: Path, case: str) -> None:
     path = write_task(tmp_path, dockerfile=HEAD + ACCEPTED[case] + "\n")
     assert load_task(str(path)).dockerfile is not None
+
+
+@pytest.mark.parametrize(
+    ("lines", "ok"),
+    [
+        ("root:1690000000:65536\n", True),
+        ("containers:1700000000:100000000\nroot:1600000000:200000000\n", True),
+        ("root:1690000001:65536\n", False),  # starts inside: 0 would not map
+        ("root:1690000000:65535\n", False),  # one short
+        ("cloudsdk:1690000000:65536\n", False),  # someone else's
+        ("", False),
+    ],
+)
+def test_the_builder_runs_only_where_root_owns_its_whole_range(
+    tmp_path: Path, lines: str, ok: bool
+) -> None:
+    from metrale.benchmarks.terminal_bench.builder import subuid_range_ok
+
+    files = (tmp_path / "subuid", tmp_path / "subgid")
+    for path in files:
+        path.write_text(lines)
+    assert subuid_range_ok(files=tuple(str(p) for p in files)) is ok
