@@ -10,6 +10,10 @@
 # All engine state (storage, configs, socket, pid file, logs) lives under $METRALE_ENGINE_DIR
 # (default ~/.cache/metrale/engine); the system's /etc/containers is never modified: podman
 # reads our configs through CONTAINERS_CONF / CONTAINERS_STORAGE_CONF, which `up` prints.
+# Root inside a container is not root outside: every container gets its own user namespace
+# (`userns = "auto"`) carved from the subordinate range of the `containers` entry in
+# /etc/subuid and /etc/subgid; metrale's image builder runs as root of a namespace of root's
+# entry (src/metrale/benchmarks/terminal_bench/builder.py). `up` adds both entries if absent.
 # stdout carries only eval-able lines; progress and errors go to stderr.
 set -euo pipefail
 
@@ -21,6 +25,10 @@ CONF="$DIR/containers.conf"
 STORAGE_CONF="$DIR/storage.conf"
 SOCK="$DIR/podman.sock"
 PIDFILE="$DIR/service.pid"
+# host uids of containers' user namespaces, and of the image builder's (builder.py's
+# BUILD_UID_BASE): above every account, disjoint from each other and from bwrap's 1.8e9..1.9e9
+CONTAINERS_SUBID="containers:1700000000:100000000"
+BUILDER_SUBID="root:1690000000:65536"
 LOG="$DIR/service.log"
 
 say() { echo "container-engine: $*" >&2; }
@@ -51,6 +59,7 @@ install_packages() {
     command -v runc >/dev/null || missing+=(runc)
     [ -x /usr/bin/catatonit ] || missing+=(catatonit)
     command -v debootstrap >/dev/null || missing+=(debootstrap)
+    command -v newuidmap >/dev/null || missing+=(uidmap)
     [ ${#missing[@]} -eq 0 ] && return 0
     command -v apt-get >/dev/null || die "missing ${missing[*]} and no apt-get to install them"
     [ "$(id -u)" -eq 0 ] || die "missing ${missing[*]}: run as root to install them with apt-get"
@@ -62,6 +71,22 @@ install_packages() {
         apt-get install -y -qq "${missing[@]}" >>"$DIR/apt.log" 2>&1 ||
             die "apt-get could not install ${missing[*]}; see $DIR/apt.log"
     fi
+}
+
+subids() {
+    # idempotent: an entry is added once, never changed; other entries are left alone
+    local file entry
+    for file in /etc/subuid /etc/subgid; do
+        for entry in "$CONTAINERS_SUBID" "$BUILDER_SUBID"; do
+            grep -qxF "$entry" "$file" 2>/dev/null && continue
+            if [ "$(id -u)" -ne 0 ]; then
+                say "$file lacks '$entry' (not root: left as is; see docs/security.md)"
+                continue
+            fi
+            echo "$entry" >>"$file"
+            say "added $entry to $file"
+        done
+    done
 }
 
 write_configs() {
@@ -78,6 +103,10 @@ write_configs() {
     cat >"$tmp" <<EOF
 # written by metrale scripts/container-engine.sh; read through CONTAINERS_CONF
 [containers]
+# each container its own user namespace from the 'containers' range of /etc/subuid: root
+# inside is an unprivileged uid outside
+userns = "auto"
+userns_size = 65536
 default_ulimits = ["nofile=$nofile:$nofile", "nproc=$nproc:$nproc"]
 init_path = "/usr/bin/catatonit"
 log_driver = "k8s-file"
@@ -96,6 +125,8 @@ tmp_dir = "$DIR/tmp"
 # (0 loses the docker CLI's exit codes); the default 300 piles up two conmons per exec.
 exit_command_delay = 5
 EOF
+    # a running service read the old one: `up` restarts it when this changed
+    if [ -f "$CONF" ] && cmp -s "$tmp" "$CONF"; then CONF_CHANGED=0; else CONF_CHANGED=1; fi
     mv -f "$tmp" "$CONF"
     tmp="$(mktemp "$DIR/.conf.XXXXXX")"
     cat >"$tmp" <<EOF
@@ -171,6 +202,15 @@ socket_answers() {
     curl -sf --max-time 5 --unix-socket "$SOCK" http://d/_ping >/dev/null 2>&1
 }
 
+close_inherited_fds() {
+    local fd n
+    for fd in /proc/"$BASHPID"/fd/*; do
+        n="${fd##*/}"
+        [ "$n" -gt 2 ] 2>/dev/null && eval "exec $n>&-" 2>/dev/null
+    done
+    return 0
+}
+
 start_service() {
     if service_pid >/dev/null && socket_answers; then
         return 0
@@ -181,7 +221,13 @@ start_service() {
     # setsid + nohup: the service outlives this script and the shell that eval'd it. Started in
     # $DIR: conmon inherits the service's working directory and writes files there (an `oom`
     # marker when a container's memory limit kills a process), never in the caller's tree.
-    setsid nohup env -C "$DIR" podman system service --time=0 "unix://$SOCK" >>"$LOG" 2>&1 </dev/null &
+    # No descriptor but 0-2 goes with it: run under `flock LOCK cmd`, the service inherited
+    # the lock's descriptor and held the shared engine lock for as long as it lived.
+    (
+        close_inherited_fds
+        exec setsid nohup env -C "$DIR" podman system service --time=0 "unix://$SOCK" \
+            >>"$LOG" 2>&1 </dev/null
+    ) &
     echo $! >"$PIDFILE"
     local i
     for i in $(seq 1 100); do
@@ -211,8 +257,14 @@ stop_service() {
 
 cmd_up() {
     install_packages
+    subids
     mkdir -p "$DIR"
+    CONF_CHANGED=0
     write_configs
+    if [ "$CONF_CHANGED" -eq 1 ] && service_pid >/dev/null; then
+        say "configuration changed: restarting the service"
+        stop_service quiet
+    fi
     engine_env
     # runc, not crun: checked here so a podman without runc fails now, not at the first run
     command -v runc >/dev/null || die "runc is missing (apt-get install runc)"

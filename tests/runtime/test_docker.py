@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -92,6 +94,32 @@ def test_both_clis_run_exec_copy_and_remove(cli: str, marker: str) -> None:
 
     name = asyncio.run(main())
     assert not labelled_containers(**{f"{LABEL}.pid": str(os.getpid())}), f"{name} left"
+
+
+@pytest.mark.parametrize("cli", ["docker", "podman"])
+def test_root_inside_is_an_unprivileged_uid_on_the_host(cli: str, marker: str) -> None:
+    """A container escape lands as nobody in particular: what root makes inside is owned, in
+    the host-visible directory that holds it (the container's upper layer), by a uid of the
+    engine's subordinate range, not by host root, and host root's files are nobody's inside."""
+    require_engine()
+
+    async def main() -> None:
+        async with create_runtime(DockerConfig(cli=cli)) as rt:
+            assert isinstance(rt, DockerRuntime) and rt.container is not None
+            made = await rt.run(f"id -u; touch /root/made-{marker}; cat /proc/self/uid_map")
+            assert made.exit_code == 0, made.stderr
+            assert made.stdout.split()[:2] == ["0", "0"]  # root inside, mapped from...
+            assert made.stdout.split()[2] != "0", made.stdout  # ...not host uid 0
+            inspect = [cli, "inspect", "--format", "{{.GraphDriver.Data.UpperDir}}", rt.container]
+            upper = await asyncio.to_thread(
+                subprocess.run, inspect, capture_output=True, text=True, timeout=60
+            )
+            host_file = Path(upper.stdout.strip()) / "root" / f"made-{marker}"
+            owner = host_file.stat()
+            assert owner.st_uid >= 100_000 and owner.st_gid >= 100_000, host_file
+            assert owner.st_uid not in {entry.pw_uid for entry in pwd.getpwall()}
+
+    asyncio.run(main())
 
 
 def test_podman_stop_does_not_wait_for_the_stop_timeout() -> None:

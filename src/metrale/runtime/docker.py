@@ -4,11 +4,14 @@ CLI against dockerd or against podman's Docker-API socket, or podman itself).
 `start()` is `run -d --init` of the image with `sleep infinity` under a tiny init that reaps
 what commands leave behind (with `sleep` as PID 1, finished children count against
 `--pids-limit` until no exec can start). Network `none`, memory, swap, pids and CPU limits, no
-new privileges and a reduced capability set by default. Only `config.env` and the runtime's
-minimal env go in, always as `-e NAME=VALUE`: metrale's own environment never reaches the
-container. `run()` is `exec`, wrapped in the image's `timeout` so a command that outlives its
-limit is killed inside the container, not only its client. `read()`/`write()` are `cp` of a tar
-stream (binary-safe, resolved by the engine inside the container's root, no exec session).
+new privileges and a reduced capability set by default; a user namespace of its own, so root
+inside is an unprivileged uid outside (podman's `--userns=auto`; through the docker CLI, the
+engine's `userns = "auto"`, which scripts/container-engine.sh configures). Only `config.env`
+and the runtime's minimal env go in, always as `-e NAME=VALUE`: metrale's own environment
+never reaches the container. `run()` is `exec`, wrapped in the image's `timeout` so a command
+that outlives its limit is killed inside the container, not only its client.
+`read()`/`write()` are `cp` of a tar stream (binary-safe, resolved by the engine inside the
+container's root, no exec session).
 `stop()` removes without waiting (`rm -f`; podman's CLI needs `-t 0` or waits 10 s).
 
 Containers carry the `metrale.sandbox` label with the owning pid and host. A watchdog, one per
@@ -87,6 +90,10 @@ class DockerRuntime(RuntimeBase):
         if cfg.max_procs is not None:
             argv += ["--pids-limit", str(cfg.max_procs)]
         argv += ["--security-opt", "no-new-privileges", "--cap-drop", "ALL"]
+        if is_podman(cfg.cli):
+            # root inside is a subordinate uid outside; through the docker CLI (which accepts
+            # no such mode) the engine's `userns = "auto"` (container-engine.sh) does the same
+            argv.append("--userns=auto")
         for cap in CAPABILITIES:
             argv += ["--cap-add", cap]
         for key, value in {**MINIMAL_ENV, **cfg.env}.items():

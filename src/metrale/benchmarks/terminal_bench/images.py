@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from metrale.benchmarks.terminal_bench.build_mounts import check_mounts
+from metrale.benchmarks.terminal_bench.builder import Builder, BuilderError, find_builder
 from metrale.benchmarks.terminal_bench.task import HarborTask
 from metrale.errors import UsageError
 from metrale.runtime.configs import DEFAULT_IMAGE
@@ -218,18 +220,15 @@ async def ensure_image(
         tag = mapping.get(tag) or BUILTIN_BASES.get(tag) or tag
     else:
         assert task.dockerfile is not None
+        check_mounts(task.name, task.dockerfile.text)  # a HarborTask not made by load_task
         tag = image_tag(task, context_hash(task, base_ids))
         cached = await inspect(cli, tag) is not None
         if not cached:
-            argv = ["build", "-q", "-t", tag, "--label", "metrale.task=" + task.name]
-            if is_podman(cli):
-                argv.append("--pull=never")
-            payload = _context_tar(task, _rewrite_from(task.dockerfile.text, base_ids))
-            code, _, err = await _cli(cli, *argv, "-", stdin=payload, timeout=build_timeout_s)
-            if code != 0:
-                lines = [ln for ln in err.strip().splitlines() if "DEPRECATED" not in ln]
-                tail = " | ".join(lines[-3:])[:400] or f"exit {code}"
-                raise ImageBuildError(f"building {task.name}'s image failed: {tail}")
+            builder = await asyncio.to_thread(find_builder)
+            if builder is not None:
+                await _build_in_namespace(builder, task, cli, tag, base_ids, build_timeout_s)
+            else:
+                await _build_in_engine(task, cli, tag, base_ids, build_timeout_s)
     info = await inspect(cli, tag)
     if info is None:
         raise ImageBuildError(f"image {tag} is not in the engine after its build")
@@ -244,6 +243,52 @@ async def ensure_image(
         env=env,
         user=config.get("User") or "",
     )
+
+
+async def _build_in_namespace(
+    builder: Builder,
+    task: HarborTask,
+    cli: str,
+    tag: str,
+    base_ids: Mapping[str, str],
+    timeout_s: float,
+) -> None:
+    """The build as root of an unprivileged user namespace (builder.py), tagged in the engine."""
+    assert task.dockerfile is not None
+    bare = {name: image_id.removeprefix("sha256:") for name, image_id in base_ids.items()}
+    payload = _context_tar(task, _rewrite_from(task.dockerfile.text, bare))
+    label = "metrale.task=" + task.name
+    try:
+        async with asyncio.timeout(timeout_s):
+            built = await builder.build(
+                cli, payload, list(dict.fromkeys(bare.values())), label, timeout=timeout_s
+            )
+    except TimeoutError:
+        raise ImageBuildError(
+            f"building {task.name}'s image did not finish in {timeout_s:g} s"
+        ) from None
+    except BuilderError as exc:
+        raise ImageBuildError(f"building {task.name}'s image failed: {exc}") from None
+    code, _, err = await _cli(cli, "tag", built, tag)
+    if code != 0:
+        raise ImageBuildError(f"cannot tag {task.name}'s built image as {tag}: {err.strip()}")
+
+
+async def _build_in_engine(
+    task: HarborTask, cli: str, tag: str, base_ids: Mapping[str, str], timeout_s: float
+) -> None:
+    """The engine's own build, where the namespaced builder cannot run (not root, no subuid
+    range): only build_mounts' refusal stands between the Dockerfile and host root."""
+    assert task.dockerfile is not None
+    argv = ["build", "-q", "-t", tag, "--label", "metrale.task=" + task.name]
+    if is_podman(cli):
+        argv.append("--pull=never")
+    payload = _context_tar(task, _rewrite_from(task.dockerfile.text, base_ids))
+    code, _, err = await _cli(cli, *argv, "-", stdin=payload, timeout=timeout_s)
+    if code != 0:
+        lines = [ln for ln in err.strip().splitlines() if "DEPRECATED" not in ln]
+        tail = " | ".join(lines[-3:])[:400] or f"exit {code}"
+        raise ImageBuildError(f"building {task.name}'s image failed: {tail}")
 
 
 def rootfs_cache() -> Path:
@@ -305,7 +350,10 @@ def _lock(path: Path) -> int:
 
 
 async def _export(tag: str, cli: str, target: Path) -> None:
-    code, out, err = await _cli(cli, "create", "--label", "metrale.sandbox=1", tag, "true")
+    # the host's user namespace for this never-started container: in an engine that maps each
+    # container's root to a subordinate uid (userns=auto), the export would carry those uids
+    argv = ["create", "--userns=host", "--label", "metrale.sandbox=1", tag, "true"]
+    code, out, err = await _cli(cli, *argv)
     if code != 0:
         raise ImageBuildError(f"cannot create a container of {tag} to export: {err.strip()}")
     container = out.decode().strip().splitlines()[-1]

@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from metrale.benchmarks.terminal_bench.build_mounts import check_mounts
 from metrale.bounds import CPUS, MEMORY_MB, TIMEOUT_S, Bound
 from metrale.errors import UsageError, read_user_file
 
@@ -144,6 +145,7 @@ def load_task(spec: str) -> HarborTask:
         dockerfile = parse_dockerfile(read_user_file(dockerfile_path, "task Dockerfile"))
         if not re.search(r"^\s*FROM\s", dockerfile.text, re.IGNORECASE | re.MULTILINE):
             raise UsageError(f"{dockerfile_path}: no FROM line")
+        check_mounts(path.name, dockerfile.text)
     elif environment.docker_image is None:
         raise UsageError(
             f"task {path}: environment/Dockerfile is missing and task.toml names no "
