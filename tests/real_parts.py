@@ -65,6 +65,7 @@ REAL_FILES = frozenset({
     "tests/benchmarks/agentic_webserver/test_replays.py",
     "tests/benchmarks/terminal_bench/test_benchmark.py",
     "tests/benchmarks/terminal_bench/test_images.py",
+    "tests/benchmarks/terminal_bench/test_builder.py",
     "tests/benchmarks/terminal_bench/test_shipped.py",
     "tests/matrix/test_html.py",
 })  # fmt: skip
