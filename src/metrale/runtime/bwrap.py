@@ -10,9 +10,12 @@ from inside means ready.
 
 What holds, and how:
 
-- **No secret of metrale's environment inside.** bwrap (the sandbox's PID 1 is a fork of it)
-  and every wrapper are started with `SPAWN_ENV` only; commands get `_env()` plus the config's
-  `env` (`--env`) and the call's. Nothing else of metrale's is in any process inside.
+- **No secret of metrale's environment inside, nothing of a command's outside.** bwrap (the
+  sandbox's PID 1 is a fork of it) and every host-side wrapper (`sh`, `prlimit`, `nsenter`,
+  `setpriv`, `unshare`) are absolute paths from `TRUSTED_PATH` started with `SPAWN_ENV` only;
+  commands get `_env()` plus the config's `env` (`--env`, an image's `ENV`) and the call's,
+  set by `env -i` inside the sandbox. Nothing else of metrale's is in any process inside, and
+  no `PATH`/`LD_*`/`PYTHON*` of an image or a task reaches a process on the host.
 - **Nothing made inside carries privilege out.** As root, metrale runs bwrap itself as a fresh
   unprivileged host uid per sandbox (`setpriv --reuid`, no groups, no capabilities), so the
   sandbox user maps to that uid, never to 0: a setuid file made inside is setuid to a uid that
@@ -80,7 +83,7 @@ from metrale.runtime.bwrap_setup import (
 from metrale.runtime.bwrap_watchdog import ensure_watchdog, owner_prefix
 from metrale.runtime.cgroups import SandboxCgroup
 from metrale.runtime.configs import BwrapConfig
-from metrale.runtime.procs import killpg, run_process, spawned
+from metrale.runtime.procs import host_tool, killpg, run_process, spawned
 from metrale.runtime.sandbox_proc import SandboxProcess, close_all
 
 __all__ = [
@@ -139,7 +142,7 @@ class BwrapRuntime(RuntimeBase):
         """`root`: where bwrap reaches `config.root` (its staging path, as root); `etc`: the
         directory shown at `/etc` when there is no image root (`bwrap_etc`)."""
         cfg = self.config
-        argv = ["bwrap", "--unshare-all", "--unshare-user"]
+        argv = [host_tool("bwrap"), "--unshare-all", "--unshare-user"]
         if cfg.network:
             argv.append("--share-net")
         argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
@@ -321,13 +324,21 @@ class BwrapRuntime(RuntimeBase):
         text = stderr.decode(errors="replace").strip()
         return text.splitlines()[-1] if text else f"exit {self._proc.returncode}"
 
-    def _enter(self, argv: Sequence[str], cwd: str | None) -> tuple[list[str], list[int]]:
-        """The host argv that runs `argv` inside, and the fds it must be given."""
+    def _enter(
+        self, argv: Sequence[str], cwd: str | None, env: Mapping[str, str]
+    ) -> tuple[list[str], list[int]]:
+        """The host argv that runs `argv` inside with exactly `env`, and the fds it must be
+        given. The host-side steps (the cgroup's `sh`, `prlimit`, `nsenter`) are absolute
+        paths run with `SPAWN_ENV`; `env` is set by `env -i` only once inside, so nothing of an
+        image's or a command's environment (`PATH`, `LD_PRELOAD`, `LD_DEBUG_OUTPUT`, ...) acts
+        on a host process. nsenter finds `env` in the sandbox's own root."""
         if self._sandbox is None or self._stopped:
             raise RuntimeError("bwrap runtime is not started")
         fds = self._sandbox.open_entry()  # SandboxLostError when it is gone
         if cwd:
             argv = ["sh", "-c", 'cd -- "$0" && exec "$@"', cwd, *argv]
+        assignments = [f"{k}={v}" for k, v in env.items() if k and "=" not in k]
+        argv = ["env", "-i", "--", *assignments, *argv]
         enter = self._cgroup.wrap([]) if self._cgroup is not None else []
         limits = self.config.limits.prlimit_argv(address_space=not self.bounds["memory"])
         nsenter = SandboxProcess.nsenter_argv(fds, SANDBOX_UID, SANDBOX_UID)
@@ -358,11 +369,11 @@ class BwrapRuntime(RuntimeBase):
         running: set[int] = set()
         self._running.append(running)
         try:
-            command, fds = self._enter(argv, cwd)
+            command, fds = self._enter(argv, cwd, self._env(env))
             try:
                 result = await run_process(
                     command,
-                    env=self._env(env),
+                    env=SPAWN_ENV,
                     cwd=None,
                     timeout=timeout,
                     cap=cap or self.config.output_cap_bytes,
@@ -401,6 +412,18 @@ class BwrapRuntime(RuntimeBase):
     ) -> ProgramResult:
         argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
         return await self._exec(argv, env=env, cwd=cwd, timeout=timeout)
+
+    async def kill_commands(self) -> None:
+        """Every process in the sandbox's PID namespace but its PID 1 and `cat`, killed from
+        the host (no process started for it): a `setsid` daemon cannot hide from a namespace."""
+        if self._sandbox is None or self._stopped:
+            raise RuntimeError("bwrap runtime is not started")
+        for running in list(self._running):
+            for pgid in running:
+                killpg(pgid)
+        await asyncio.to_thread(self._sandbox.kill_commands)
+        if not self._sandbox.alive():
+            raise SandboxLostError("the sandbox died while its commands were killed")
 
     def _beneath(self, path: str) -> str | None:
         """`path` relative to the host workdir when the host may move the file itself: inside

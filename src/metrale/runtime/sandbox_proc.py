@@ -15,9 +15,12 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import signal
+import time
 from pathlib import Path
 
 from metrale.runtime.base import SandboxLostError
+from metrale.runtime.procs import host_tool
 
 #: /proc/PID/ns entries and the nsenter option joining each (the user namespace is joined last
 #: by nsenter when it runs as root, so the others are joined with the host's privileges).
@@ -43,6 +46,10 @@ class SandboxProcess:
                 raise RuntimeError(f"pid {pid} is not the sandbox bwrap reported")
             if not self.alive():
                 raise RuntimeError(f"the sandbox (pid {pid}) exited during start")
+            #: the sandbox's own command (bwrap's first child, the ready `cat`): PID 1 exits
+            #: when it does, so `kill_commands` spares it; read now, before any command ran,
+            #: since orphans are reparented to PID 1 later
+            self.keep = _children(pid)
         except BaseException:
             self.close()
             raise
@@ -85,17 +92,95 @@ class SandboxProcess:
     def nsenter_argv(fds: list[int], uid: int, gid: int) -> list[str]:
         """nsenter joining exactly the namespaces, root and cwd held by `fds` (from
         `open_entry`, passed to the child), as `uid`/`gid` of the sandbox, no capabilities."""
-        argv = ["nsenter"]
+        argv = [host_tool("nsenter")]
         argv += [f"{opt}=/proc/self/fd/{fd}" for (_, opt), fd in zip(NAMESPACES, fds, strict=False)]
         root, cwd = fds[len(NAMESPACES)], fds[len(NAMESPACES) + 1]
         argv += [f"--root=/proc/self/fd/{root}", f"--wd=/proc/self/fd/{cwd}"]
         return [*argv, "-S", str(uid), "-G", str(gid), "--"]
+
+    def kill_commands(self, rounds: int = 200) -> int:
+        """Blocking: SIGKILL every process of the sandbox's PID namespace but PID 1 and its own
+        command, until a scan finds none; then wait (up to 2 s) until they are gone. Returns
+        how many were killed.
+
+        Each candidate is checked twice around taking its pidfd (in the namespace before and
+        after), so a pid the host reused in between is never signalled. A process already
+        signalled but not yet dead is found again; a zombie has no namespace left to match."""
+        try:
+            ns = os.stat(f"/proc/{self.pid}/ns/pid")
+        except OSError:
+            raise SandboxLostError("the sandbox is gone (its PID 1 exited)") from None
+        spared = {self.pid, *self.keep}
+        killed: list[int] = []
+        try:
+            for _ in range(rounds):
+                found = 0
+                for entry in os.listdir("/proc"):
+                    if not entry.isdigit() or int(entry) in spared:
+                        continue
+                    fd = _pidfd_in(int(entry), (ns.st_dev, ns.st_ino))
+                    if fd is None:
+                        continue
+                    with contextlib.suppress(OSError):
+                        signal.pidfd_send_signal(fd, signal.SIGKILL)
+                        found += 1
+                    killed.append(fd)
+                if not found:
+                    break
+                time.sleep(0.002)
+            poller = select.poll()
+            for fd in killed:
+                poller.register(fd, select.POLLIN)
+            deadline = time.monotonic() + 2.0
+            waiting = set(killed)
+            while waiting and time.monotonic() < deadline:
+                for fd, _ in poller.poll(50):
+                    waiting.discard(fd)
+                    poller.unregister(fd)
+            return len(set(killed))
+        finally:
+            close_all(killed)
 
     def close(self) -> None:
         if self.pidfd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self.pidfd)
             self.pidfd = -1
+
+
+def _children(pid: int) -> set[int]:
+    try:
+        return {int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    except OSError:  # a kernel without CONFIG_PROC_CHILDREN: ask every process for its parent
+        found = set()
+        for entry in os.listdir("/proc"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                raw = Path(f"/proc/{entry}/stat").read_bytes()
+                if int(raw[raw.rfind(b")") + 2 :].split()[1]) == pid:
+                    found.add(int(entry))
+        return found
+
+
+def _same_ns(pid: int, ns: tuple[int, int]) -> bool:
+    try:
+        st = os.stat(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == ns
+
+
+def _pidfd_in(pid: int, ns: tuple[int, int]) -> int | None:
+    """A pidfd of `pid` if it is in PID namespace `ns`, checked before and after it is taken."""
+    if not _same_ns(pid, ns):
+        return None
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    if not _same_ns(pid, ns):
+        os.close(fd)
+        return None
+    return fd
 
 
 def close_all(fds: list[int]) -> None:
