@@ -25,7 +25,9 @@ What holds, and how:
   bwrap needs no access to the host path. Run as a normal user, bwrap maps that user, as ever.
 - **Commands enter only the live sandbox**: see `sandbox_proc` (verified namespace fds, never
   a pid); a dead sandbox raises `SandboxLostError`, recorded on the rollout as `runtime_lost`.
-- **File transfer cannot be steered out**: see `beneath` (no symlink followed, ever).
+- **File transfer cannot be steered out**: see `beneath` (no symlink followed, ever); nor
+  can the seed's copy into the workdir (`bwrap_seed`: an image's WORKDIR resolved inside the
+  image, files and directories only, bounded by `seed_max_mb`).
 - **Bounded by default**: total memory and processes by a cgroup per sandbox where the host has
   one (`cgroups`), `/tmp` and `/dev/shm` by tmpfs size, CPU time and file size by rlimits.
   `/work` is host disk bounded only per file (RLIMIT_FSIZE); see the README's table.
@@ -61,6 +63,7 @@ from metrale.runtime.base import (
 )
 from metrale.runtime.beneath import SymlinkInPath, read_beneath, write_beneath
 from metrale.runtime.bwrap_etc import etc_view
+from metrale.runtime.bwrap_seed import SeedError, copy_seed, open_in_root
 from metrale.runtime.bwrap_setup import (
     HOST_UID_BASE,
     HOST_UID_RANGE,
@@ -122,6 +125,8 @@ class BwrapRuntime(RuntimeBase):
         self._teardown: asyncio.Future[None] | None = None
         self._finish_lock = threading.Lock()
         self._finished = False
+        #: what the seed's copy skipped and why (device nodes, FIFOs, sockets)
+        self.seed_skipped: list[str] = []
 
     @property
     def host_workdir(self) -> Path:
@@ -189,12 +194,7 @@ class BwrapRuntime(RuntimeBase):
     def _fill(self, tmp: str) -> tuple[_Binds, list[tuple[str, str]], str | None, str | None]:
         assert self.workdir is not None
         os.chmod(self.workdir, 0o711)
-        if self.config.seed is not None:
-            # symlinks copied as links: they resolve inside the sandbox, never on the host
-            shutil.copytree(self.config.seed, self.host_workdir, symlinks=True)
-            os.chmod(self.host_workdir, 0o700)
-            hand_over(self.host_workdir, self.host_uid)
-        else:
+        if not self._seed():
             self.host_workdir.mkdir(mode=0o700)
         os.chown(self.host_workdir, self.host_uid, self.host_gid)
         binds: _Binds = []
@@ -227,6 +227,29 @@ class BwrapRuntime(RuntimeBase):
         # an image brings its own /etc
         etc = None if self.config.root is not None else etc_view(tmp, owner_prefix(WORKDIR_PREFIX))
         return binds, staging, root, etc
+
+    def _seed(self) -> bool:
+        """Fill the workdir from the seed (`bwrap_seed`: no link followed on the host, only
+        files and directories, bounded); False when there is nothing to copy."""
+        cfg = self.config
+        try:
+            if cfg.seed_from_root and cfg.root is not None:
+                src_fd = open_in_root(cfg.root, cfg.workdir)
+            elif cfg.seed is not None:
+                src_fd = os.open(cfg.seed, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            else:
+                return False
+            if src_fd is None:  # a WORKDIR the image lacks: empty, as docker makes it
+                return False
+            try:
+                seeded = copy_seed(src_fd, self.host_workdir, cfg.seed_max_mb << 20)
+            finally:
+                os.close(src_fd)
+        except SeedError as exc:
+            raise RuntimeStartError(str(exc)) from exc
+        self.seed_skipped = seeded.skipped
+        hand_over(self.host_workdir, self.host_uid)
+        return True
 
     async def start(self) -> None:
         await self._await_throttle()
