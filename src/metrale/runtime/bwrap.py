@@ -96,6 +96,10 @@ __all__ = [
 
 #: How long stop() waits for the sandbox to die after SIGKILL before it moves on.
 STOP_WAIT_S = 10.0
+#: What `read()` of a path outside the workdir returns at most, and how long it may take.
+READ_CAP_BYTES = 1 << 30
+READ_TIMEOUT_S = 300.0
+_READ_REGULAR = '[ -f "$0" ] || { echo "not a regular file" >&2; exit 1; }; exec cat -- "$0"'
 _Binds = list[tuple[str, str, bool]]
 
 
@@ -466,7 +470,12 @@ class BwrapRuntime(RuntimeBase):
         if rel is not None:
             with contextlib.suppress(SymlinkInPath):  # links resolve inside, as the sandbox's
                 return await asyncio.to_thread(read_beneath, str(self.host_workdir), rel)
-        result = await self._exec(["cat", "--", path], cap=1 << 30)
+        # inside: links resolve to the sandbox's own files; only a regular file, in bounded
+        # time (a FIFO or /dev/zero there must not hold the rollout or fill metrale's memory)
+        argv = ["sh", "-c", _READ_REGULAR, path]
+        result = await self._exec(argv, cap=READ_CAP_BYTES, timeout=READ_TIMEOUT_S)
+        if result.timed_out:
+            raise OSError(f"{path}: not read within {READ_TIMEOUT_S:g} s")
         if result.exit_code != 0:
             raise FileNotFoundError(f"{path}: {result.stderr.strip()}")
         return result.stdout.encode()
