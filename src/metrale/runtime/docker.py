@@ -58,14 +58,32 @@ ENTER = 'mkdir -p -- {workdir} 2>/dev/null; cd -- "$0" && exec "$@"'
 READ_CAP_BYTES = 1 << 30
 #: How long a `read()` may take (a FIFO or a stalled engine must not hold a rollout forever).
 READ_TIMEOUT_S = 300.0
-#: `kill_commands`, as root inside: stop every process but PID 1 (the init) and PID 2 (its one
-#: child, the entry `sleep infinity`: the init exits when it does) in one sweep of the kernel,
-#: which no fork escapes; then kill each stopped one and let the entry go on.
-KILL_COMMANDS = (
-    "kill -s STOP -1 2>/dev/null; for d in /proc/[0-9]*; do p=${d#/proc/}; "
-    '[ "$p" -gt 2 ] && [ "$p" -ne $$ ] && kill -s KILL "$p" 2>/dev/null; done; '
-    "kill -s CONT 2"
-)
+#: `kill_commands`, as root inside. The entry command (`sleep infinity`) must live: when PID 1
+#: is an init (`--init`), the entry is its earliest-started child (an orphan reparented to it
+#: started later, with an exec); when PID 1 is `sleep` itself, no other process is spared.
+#: Then every process but PID 1, the entry and this shell is stopped in one sweep of the
+#: kernel (`kill -STOP -1`, which no fork escapes), each one killed, and the entry resumed.
+#: Builtins only (`read`, `kill`): a child of this shell would be caught by its own sweep.
+KILL_COMMANDS = r"""
+entry= first=
+read -r init < /proc/1/comm
+if [ "$init" != sleep ]; then
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] && continue
+    read -r s 2>/dev/null < "$d/stat" || continue
+    s=${s##*) }; set -- $s
+    [ "$2" = 1 ] || continue
+    if [ -z "$first" ] || [ "${20}" -lt "$first" ]; then entry=$p first=${20}; fi
+  done
+fi
+kill -s STOP -1 2>/dev/null
+[ -n "$entry" ] && kill -s CONT "$entry" 2>/dev/null
+for d in /proc/[0-9]*; do
+  p=${d#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] || [ "$p" = "$entry" ] && continue
+  kill -s KILL "$p" 2>/dev/null
+done
+exit 0
+"""
 
 
 def is_podman(cli: str) -> bool:
