@@ -98,48 +98,38 @@ class SandboxProcess:
         argv += [f"--root=/proc/self/fd/{root}", f"--wd=/proc/self/fd/{cwd}"]
         return [*argv, "-S", str(uid), "-G", str(gid), "--"]
 
-    def kill_commands(self, rounds: int = 200) -> int:
+    def kill_commands(self, rounds: int = 500) -> int:
         """Blocking: SIGKILL every process of the sandbox's PID namespace but PID 1 and its own
-        command, until a scan finds none; then wait (up to 2 s) until they are gone. Returns
-        how many were killed.
+        command, scanning again until a scan finds none alive (a killed process is found again
+        until it has exited: a zombie has no namespace left to match), so on return all are
+        gone. Returns how many signals were sent; OSError when some outlive every round.
 
         Each candidate is checked twice around taking its pidfd (in the namespace before and
-        after), so a pid the host reused in between is never signalled. A process already
-        signalled but not yet dead is found again; a zombie has no namespace left to match."""
+        after), so a pid the host reused in between is never signalled."""
         try:
             ns = os.stat(f"/proc/{self.pid}/ns/pid")
         except OSError:
             raise SandboxLostError("the sandbox is gone (its PID 1 exited)") from None
+        key = (ns.st_dev, ns.st_ino)
         spared = {self.pid, *self.keep}
-        killed: list[int] = []
-        try:
-            for _ in range(rounds):
-                found = 0
-                for entry in os.listdir("/proc"):
-                    if not entry.isdigit() or int(entry) in spared:
-                        continue
-                    fd = _pidfd_in(int(entry), (ns.st_dev, ns.st_ino))
-                    if fd is None:
-                        continue
-                    with contextlib.suppress(OSError):
-                        signal.pidfd_send_signal(fd, signal.SIGKILL)
-                        found += 1
-                    killed.append(fd)
-                if not found:
-                    break
-                time.sleep(0.002)
-            poller = select.poll()
-            for fd in killed:
-                poller.register(fd, select.POLLIN)
-            deadline = time.monotonic() + 2.0
-            waiting = set(killed)
-            while waiting and time.monotonic() < deadline:
-                for fd, _ in poller.poll(50):
-                    waiting.discard(fd)
-                    poller.unregister(fd)
-            return len(set(killed))
-        finally:
-            close_all(killed)
+        sent = 0
+        for _ in range(rounds):
+            found = 0
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit() or int(entry) in spared:
+                    continue
+                fd = _pidfd_in(int(entry), key)
+                if fd is None:
+                    continue
+                found += 1
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    sent += 1
+                os.close(fd)
+            if not found:
+                return sent
+            time.sleep(0.002)
+        raise OSError(f"processes of the sandbox outlived {rounds} rounds of SIGKILL")
 
     def close(self) -> None:
         if self.pidfd >= 0:
