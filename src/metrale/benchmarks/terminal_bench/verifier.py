@@ -123,7 +123,11 @@ async def verify(
 ) -> VerifierResult:
     """Copy `tests`, run test.sh, read the reward; raises the typed errors above, each carrying
     the result so far as `.result` (the record keeps the verifier's output either way)."""
-    await runtime.kill_commands()  # nothing of the agent's phase runs past this point
+    try:  # nothing of the agent's phase runs past this point
+        await runtime.kill_commands()
+    except OSError as exc:
+        why = f"cannot end the agent's processes before the verifier: {exc}"
+        raise SandboxIOError(why) from exc
     await reset(runtime)
     await copy_dir(runtime, tests, TESTS_DIR)
     run = await runtime.run(["bash", f"{TESTS_DIR}/test.sh"], cwd=workdir, timeout=timeout_s)
