@@ -202,6 +202,12 @@ def test_kill_commands_ends_every_process_and_keeps_the_sandbox(
             f"sleep {marker} & setsid sleep {marker} > /dev/null 2>&1 & "
             f"(setsid sh -c 'sleep {marker}' &) ; echo started"
         )
+        # where the sandbox allows it, one more in a PID namespace of its own (bwrap: the
+        # namespace's processes are found through their parent namespace)
+        await rt.run(
+            f"(setsid unshare --user --map-root-user --pid --fork sleep {marker} "
+            "> /dev/null 2>&1 &)"
+        )
         deadline = time.monotonic() + 10
         while len(processes_with(marker)) < 3 and time.monotonic() < deadline:
             await asyncio.sleep(0.1)

@@ -13,6 +13,7 @@ pidfd alone does not stop reuse, checking after opening does.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import select
 import signal
@@ -21,6 +22,11 @@ from pathlib import Path
 
 from metrale.runtime.base import SandboxLostError
 from metrale.runtime.procs import host_tool
+
+#: ioctl on a namespace fd returning an fd of its parent (linux/nsfs.h: _IO(0xb7, 0x2)).
+NS_GET_PARENT = 0xB702
+#: PID namespaces nest at most 32 deep.
+MAX_PID_NS_DEPTH = 33
 
 #: /proc/PID/ns entries and the nsenter option joining each (the user namespace is joined last
 #: by nsenter when it runs as root, so the others are joined with the host's privileges).
@@ -152,11 +158,26 @@ def _children(pid: int) -> set[int]:
 
 
 def _same_ns(pid: int, ns: tuple[int, int]) -> bool:
+    """Whether `pid` is in PID namespace `ns` or one nested in it (a command can make its own,
+    `unshare --user --pid`, and a daemon there is the sandbox's as much as any other)."""
     try:
-        st = os.stat(f"/proc/{pid}/ns/pid")
+        fd = os.open(f"/proc/{pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return False
-    return (st.st_dev, st.st_ino) == ns
+    try:
+        for _ in range(MAX_PID_NS_DEPTH):
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == ns:
+                return True
+            try:  # EPERM at the top (the host's namespace): not the sandbox's
+                parent = fcntl.ioctl(fd, NS_GET_PARENT)
+            except OSError:
+                return False
+            os.close(fd)
+            fd = parent
+        return False
+    finally:
+        os.close(fd)
 
 
 def _pidfd_in(pid: int, ns: tuple[int, int]) -> int | None:
