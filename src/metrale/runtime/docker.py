@@ -282,7 +282,9 @@ def read_member(argv: Sequence[str], path: str, cap: int, timeout_s: float) -> b
         if not timer.is_alive():
             raise FileNotFoundError(f"{path}: not read within {timeout_s:g} s")
         err = proc.stderr.read(4096).decode(errors="replace").strip()
-        raise FileNotFoundError(f"{path}: {err[:300] or f'exit {proc.returncode}'}")
+        if not err:  # the engine copied nothing it calls a file (a link to a device, ...)
+            raise FileNotFoundError(f"{path}: not a regular file (the engine's copy held none)")
+        raise FileNotFoundError(f"{path}: {err[:300]}")
     finally:
         timer.cancel()
         killpg(proc.pid)
