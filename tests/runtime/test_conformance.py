@@ -5,6 +5,7 @@ promise skips that test with the reason, never silently.
 | promise                            | subprocess          | bwrap | docker        | ray (bwrap) |
 | files, cwd, env, exit, timeout, cap| yes                 | yes   | yes           | yes         |
 | background gone after stop()       | yes                 | yes   | yes           | yes         |
+| kill_commands: all gone, box stays | yes (marker)        | yes   | yes           | yes         |
 | network off by default             | no (host network)   | yes   | yes           | yes         |
 | process limit                      | no (root exempt)    | yes   | yes           | no (skip)   |
 | memory limit per process           | yes (RLIMIT_AS)     | yes   | yes           | no (skip)   |
@@ -187,6 +188,35 @@ def test_background_processes_are_gone_after_stop(
         await rt.stop()
         assert not wait_gone(marker, 10)
         await rt.stop()  # idempotent
+
+    inside(make, body)
+
+
+def test_kill_commands_ends_every_process_and_keeps_the_sandbox(
+    make: Callable[..., Runtime], marker: str
+) -> None:
+    """What scoring relies on: a daemon left by one phase does not run into the next."""
+
+    async def body(rt: Runtime) -> None:
+        await rt.run(
+            f"sleep {marker} & setsid sleep {marker} > /dev/null 2>&1 & "
+            f"(setsid sh -c 'sleep {marker}' &) ; echo started"
+        )
+        # where the sandbox allows it, one more in a PID namespace of its own (bwrap: the
+        # namespace's processes are found through their parent namespace)
+        await rt.run(
+            f"(setsid unshare --user --map-root-user --pid --fork sleep {marker} "
+            "> /dev/null 2>&1 &)"
+        )
+        deadline = time.monotonic() + 10
+        while len(processes_with(marker)) < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert len(processes_with(marker)) >= 3
+        await rt.kill_commands()
+        assert not wait_gone(marker, 5), "a command's process survived kill_commands"
+        await rt.write("after.txt", "still here")
+        after = await rt.run("cat after.txt")
+        assert after.stdout == "still here"
 
     inside(make, body)
 

@@ -45,7 +45,7 @@ def test_limits_prlimit_argv() -> None:
     unlimited = Limits(cpu_s=None, memory_mb=None, max_procs=None, file_size_mb=None)
     assert unlimited.prlimit_argv() == []
     argv = Limits(cpu_s=5, memory_mb=64, max_procs=7, file_size_mb=None).prlimit_argv()
-    assert argv == ["prlimit", "--cpu=5", f"--as={64 << 20}", "--nproc=7", "--"]
+    assert argv == ["/usr/bin/prlimit", "--cpu=5", f"--as={64 << 20}", "--nproc=7", "--"]
 
 
 def test_rate_limiter_spaces_acquisitions() -> None:

@@ -128,6 +128,12 @@ class Runtime(Protocol):
 
     async def write(self, path: str, data: bytes | str) -> None: ...
 
+    async def kill_commands(self) -> None:
+        """Kill every process any command started (daemons, `setsid` children included); the
+        sandbox and its files stay. Scoring calls it between the agent and the verifier, so
+        nothing the agent left running can rewrite what the verifier writes."""
+        ...
+
     async def stop(self) -> None: ...
 
     async def __aenter__(self) -> Self: ...
@@ -185,6 +191,9 @@ class RuntimeBase:
         """`argv` in the sandbox with `env` added, in `cwd` (the workdir when None), killed
         after `timeout` seconds (a result with `timed_out`, never an exception)."""
         raise NotImplementedError
+
+    async def kill_commands(self) -> None:
+        raise NotImplementedError(f"the {self.config.type} runtime cannot kill its commands")
 
     async def __aenter__(self) -> Self:
         try:

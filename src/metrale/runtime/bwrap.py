@@ -10,9 +10,12 @@ from inside means ready.
 
 What holds, and how:
 
-- **No secret of metrale's environment inside.** bwrap (the sandbox's PID 1 is a fork of it)
-  and every wrapper are started with `SPAWN_ENV` only; commands get `_env()` plus the config's
-  `env` (`--env`) and the call's. Nothing else of metrale's is in any process inside.
+- **No secret of metrale's environment inside, nothing of a command's outside.** bwrap (the
+  sandbox's PID 1 is a fork of it) and every host-side wrapper (`sh`, `prlimit`, `nsenter`,
+  `setpriv`, `unshare`) are absolute paths from `TRUSTED_PATH` started with `SPAWN_ENV` only;
+  commands get `_env()` plus the config's `env` (`--env`, an image's `ENV`) and the call's,
+  set by `env -i` inside the sandbox. Nothing else of metrale's is in any process inside, and
+  no `PATH`/`LD_*`/`PYTHON*` of an image or a task reaches a process on the host.
 - **Nothing made inside carries privilege out.** As root, metrale runs bwrap itself as a fresh
   unprivileged host uid per sandbox (`setpriv --reuid`, no groups, no capabilities), so the
   sandbox user maps to that uid, never to 0: a setuid file made inside is setuid to a uid that
@@ -22,7 +25,9 @@ What holds, and how:
   bwrap needs no access to the host path. Run as a normal user, bwrap maps that user, as ever.
 - **Commands enter only the live sandbox**: see `sandbox_proc` (verified namespace fds, never
   a pid); a dead sandbox raises `SandboxLostError`, recorded on the rollout as `runtime_lost`.
-- **File transfer cannot be steered out**: see `beneath` (no symlink followed, ever).
+- **File transfer cannot be steered out**: see `beneath` (no symlink followed, ever); nor
+  can the seed's copy into the workdir (`bwrap_seed`: an image's WORKDIR resolved inside the
+  image, files and directories only, bounded by `seed_max_mb`).
 - **Bounded by default**: total memory and processes by a cgroup per sandbox where the host has
   one (`cgroups`), `/tmp` and `/dev/shm` by tmpfs size, CPU time and file size by rlimits.
   `/work` is host disk bounded only per file (RLIMIT_FSIZE); see the README's table.
@@ -60,6 +65,7 @@ from metrale.runtime.base import (
 )
 from metrale.runtime.beneath import SymlinkInPath, read_beneath, write_beneath
 from metrale.runtime.bwrap_etc import etc_view
+from metrale.runtime.bwrap_seed import SeedError, copy_seed, open_in_root
 from metrale.runtime.bwrap_setup import (
     HOST_UID_BASE,
     HOST_UID_RANGE,
@@ -81,7 +87,7 @@ from metrale.runtime.bwrap_setup import (
 )
 from metrale.runtime.bwrap_watchdog import ensure_watchdog, owner_prefix
 from metrale.runtime.cgroups import SandboxCgroup
-from metrale.runtime.procs import killpg, run_process, spawned
+from metrale.runtime.procs import host_tool, killpg, run_process, spawned
 from metrale.runtime.sandbox_proc import SandboxProcess, close_all
 
 if TYPE_CHECKING:  # its config, for types only: configs creates this runtime
@@ -96,6 +102,10 @@ __all__ = [
 
 #: How long stop() waits for the sandbox to die after SIGKILL before it moves on.
 STOP_WAIT_S = 10.0
+#: What `read()` of a path outside the workdir returns at most, and how long it may take.
+READ_CAP_BYTES = 1 << 30
+READ_TIMEOUT_S = 300.0
+_READ_REGULAR = '[ -f "$0" ] || { echo "not a regular file" >&2; exit 1; }; exec cat -- "$0"'
 _Binds = list[tuple[str, str, bool]]
 
 
@@ -125,6 +135,8 @@ class BwrapRuntime(RuntimeBase):
         self._teardown: asyncio.Future[None] | None = None
         self._finish_lock = threading.Lock()
         self._finished = False
+        #: what the seed's copy skipped and why (device nodes, FIFOs, sockets)
+        self.seed_skipped: list[str] = []
 
     @property
     def host_workdir(self) -> Path:
@@ -145,7 +157,7 @@ class BwrapRuntime(RuntimeBase):
         """`root`: where bwrap reaches `config.root` (its staging path, as root); `etc`: the
         directory shown at `/etc` when there is no image root (`bwrap_etc`)."""
         cfg = self.config
-        argv = ["bwrap", "--unshare-all", "--unshare-user"]
+        argv = [host_tool("bwrap"), "--unshare-all", "--unshare-user"]
         if cfg.network:
             argv.append("--share-net")
         argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
@@ -192,12 +204,7 @@ class BwrapRuntime(RuntimeBase):
     def _fill(self, tmp: str) -> tuple[_Binds, list[tuple[str, str]], str | None, str | None]:
         assert self.workdir is not None
         os.chmod(self.workdir, 0o711)
-        if self.config.seed is not None:
-            # symlinks copied as links: they resolve inside the sandbox, never on the host
-            shutil.copytree(self.config.seed, self.host_workdir, symlinks=True)
-            os.chmod(self.host_workdir, 0o700)
-            hand_over(self.host_workdir, self.host_uid)
-        else:
+        if not self._seed():
             self.host_workdir.mkdir(mode=0o700)
         os.chown(self.host_workdir, self.host_uid, self.host_gid)
         binds: _Binds = []
@@ -230,6 +237,29 @@ class BwrapRuntime(RuntimeBase):
         # an image brings its own /etc
         etc = None if self.config.root is not None else etc_view(tmp, owner_prefix(WORKDIR_PREFIX))
         return binds, staging, root, etc
+
+    def _seed(self) -> bool:
+        """Fill the workdir from the seed (`bwrap_seed`: no link followed on the host, only
+        files and directories, bounded); False when there is nothing to copy."""
+        cfg = self.config
+        try:
+            if cfg.seed_from_root and cfg.root is not None:
+                src_fd = open_in_root(cfg.root, cfg.workdir)
+            elif cfg.seed is not None:
+                src_fd = os.open(cfg.seed, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            else:
+                return False
+            if src_fd is None:  # a WORKDIR the image lacks: empty, as docker makes it
+                return False
+            try:
+                seeded = copy_seed(src_fd, self.host_workdir, cfg.seed_max_mb << 20)
+            finally:
+                os.close(src_fd)
+        except SeedError as exc:
+            raise RuntimeStartError(str(exc)) from exc
+        self.seed_skipped = seeded.skipped
+        hand_over(self.host_workdir, self.host_uid)
+        return True
 
     async def start(self) -> None:
         await self._await_throttle()
@@ -327,13 +357,21 @@ class BwrapRuntime(RuntimeBase):
         text = stderr.decode(errors="replace").strip()
         return text.splitlines()[-1] if text else f"exit {self._proc.returncode}"
 
-    def _enter(self, argv: Sequence[str], cwd: str | None) -> tuple[list[str], list[int]]:
-        """The host argv that runs `argv` inside, and the fds it must be given."""
+    def _enter(
+        self, argv: Sequence[str], cwd: str | None, env: Mapping[str, str]
+    ) -> tuple[list[str], list[int]]:
+        """The host argv that runs `argv` inside with exactly `env`, and the fds it must be
+        given. The host-side steps (the cgroup's `sh`, `prlimit`, `nsenter`) are absolute
+        paths run with `SPAWN_ENV`; `env` is set by `env -i` only once inside, so nothing of an
+        image's or a command's environment (`PATH`, `LD_PRELOAD`, `LD_DEBUG_OUTPUT`, ...) acts
+        on a host process. nsenter finds `env` in the sandbox's own root."""
         if self._sandbox is None or self._stopped:
             raise RuntimeError("bwrap runtime is not started")
         fds = self._sandbox.open_entry()  # SandboxLostError when it is gone
         if cwd:
             argv = ["sh", "-c", 'cd -- "$0" && exec "$@"', cwd, *argv]
+        assignments = [f"{k}={v}" for k, v in env.items() if k and "=" not in k]
+        argv = ["env", "-i", "--", *assignments, *argv]
         enter = self._cgroup.wrap([]) if self._cgroup is not None else []
         limits = self.config.limits.prlimit_argv(address_space=not self.bounds["memory"])
         nsenter = SandboxProcess.nsenter_argv(fds, SANDBOX_UID, SANDBOX_UID)
@@ -364,11 +402,11 @@ class BwrapRuntime(RuntimeBase):
         running: set[int] = set()
         self._running.append(running)
         try:
-            command, fds = self._enter(argv, cwd)
+            command, fds = self._enter(argv, cwd, self._env(env))
             try:
                 result = await run_process(
                     command,
-                    env=self._env(env),
+                    env=SPAWN_ENV,
                     cwd=None,
                     timeout=timeout,
                     cap=cap or self.config.output_cap_bytes,
@@ -407,6 +445,18 @@ class BwrapRuntime(RuntimeBase):
     ) -> ProgramResult:
         return await self._exec(argv, env=env, cwd=cwd, timeout=timeout)
 
+    async def kill_commands(self) -> None:
+        """Every process in the sandbox's PID namespace but its PID 1 and `cat`, killed from
+        the host (no process started for it): a `setsid` daemon cannot hide from a namespace."""
+        if self._sandbox is None or self._stopped:
+            raise RuntimeError("bwrap runtime is not started")
+        for running in list(self._running):
+            for pgid in running:
+                killpg(pgid)
+        await asyncio.to_thread(self._sandbox.kill_commands)
+        if not self._sandbox.alive():
+            raise SandboxLostError("the sandbox died while its commands were killed")
+
     def _beneath(self, path: str) -> str | None:
         """`path` relative to the host workdir when the host may move the file itself: inside
         the workdir and not under a bind mounted there (which the host's copy does not see)."""
@@ -425,7 +475,12 @@ class BwrapRuntime(RuntimeBase):
         if rel is not None:
             with contextlib.suppress(SymlinkInPath):  # links resolve inside, as the sandbox's
                 return await asyncio.to_thread(read_beneath, str(self.host_workdir), rel)
-        result = await self._exec(["cat", "--", path], cap=1 << 30)
+        # inside: links resolve to the sandbox's own files; only a regular file, in bounded
+        # time (a FIFO or /dev/zero there must not hold the rollout or fill metrale's memory)
+        argv = ["sh", "-c", _READ_REGULAR, path]
+        result = await self._exec(argv, cap=READ_CAP_BYTES, timeout=READ_TIMEOUT_S)
+        if result.timed_out:
+            raise OSError(f"{path}: not read within {READ_TIMEOUT_S:g} s")
         if result.exit_code != 0:
             raise FileNotFoundError(f"{path}: {result.stderr.strip()}")
         return result.stdout.encode()

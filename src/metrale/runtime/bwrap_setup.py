@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from metrale.errors import UsageError
 from metrale.runtime import cgroups
+from metrale.runtime.procs import HELPER_ENV, host_tool
 
 if TYPE_CHECKING:  # for types only: configs calls check_bwrap
     from metrale.runtime.configs import BwrapConfig
@@ -33,8 +35,9 @@ HOST_UID_RANGE = 100_000_000
 #: Top-level system directories bound read-only (or re-created as the same symlink).
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "opt/conda")
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#: The whole environment of bwrap and of every host-side wrapper: nothing of metrale's.
-SPAWN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+#: The whole environment of bwrap and of every host-side wrapper: nothing of metrale's, of an
+#: image's or of a command's (a command's environment is set inside, by `env -i`).
+SPAWN_ENV = HELPER_ENV
 READY_TIMEOUT_S = 60.0
 #: The sandbox's command: `cat` echoes the "ready" line we feed it once the sandbox runs, then
 #: blocks on its stdin, which we hold open until `stop()` (or until metrale dies).
@@ -91,7 +94,8 @@ def check_bwrap(config: BwrapConfig | None = None) -> None:
                 f"bwrap runtime: '{tool}' is not installed (Debian/Ubuntu: apt-get install "
                 f"{package})"
             )
-    probe_argv = ["bwrap", "--unshare-all", "--unshare-user", "--ro-bind", "/", "/", "--", "true"]
+    probe_argv = [host_tool("bwrap"), "--unshare-all", "--unshare-user", "--ro-bind", "/", "/"]
+    probe_argv += ["--", "true"]
     if privileged():  # the way start() runs it: as an unprivileged host uid
         probe_argv = [*as_uid(HOST_UID_BASE), *probe_argv]
     probe = subprocess.run(
@@ -175,9 +179,9 @@ def as_uid(uid: int | None, parent: int | None = None) -> list[str]:
     which a SIGKILLed metrale leaves an orphaned bwrap (every step before it execs in place,
     so metrale stays the parent throughout)."""
     ids = [] if uid is None else ["--reuid", str(uid), "--regid", str(uid), "--clear-groups"]
-    argv = ["setpriv", *ids, "--pdeathsig", "KILL", "--"]
+    argv = [host_tool("setpriv"), *ids, "--pdeathsig", "KILL", "--"]
     if parent is not None:
-        argv += ["sh", "-c", '[ "$PPID" = "$0" ] || exit 137; exec "$@"', str(parent)]
+        argv += [host_tool("sh"), "-c", '[ "$PPID" = "$0" ] || exit 137; exec "$@"', str(parent)]
     return argv
 
 
@@ -187,11 +191,12 @@ def stage_argv(pairs: Sequence[tuple[str, str]]) -> list[str]:
     mount table never sees them."""
     if not pairs:
         return []
-    script = 'while [ "$1" != -- ]; do mount --rbind "$1" "$2" || exit 125; shift 2; done; '
+    mount = shlex.quote(host_tool("mount"))
+    script = f'while [ "$1" != -- ]; do {mount} --rbind "$1" "$2" || exit 125; shift 2; done; '
     script += 'shift; exec "$@"'
     flat = [x for pair in pairs for x in pair]
-    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh",
-            *flat, "--"]  # fmt: skip
+    return [host_tool("unshare"), "--mount", "--propagation", "private", "--", host_tool("sh"),
+            "-c", script, "sh", *flat, "--"]  # fmt: skip
 
 
 def hand_over(path: Path, uid: int) -> None:

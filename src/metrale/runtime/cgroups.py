@@ -19,6 +19,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from metrale.runtime.procs import host_tool
+
 logger = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -108,7 +110,7 @@ class SandboxCgroup:
         procs = [str(p / "cgroup.procs") for p in self.paths]
         script = 'for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; shift; done; '
         script += 'shift; exec "$@"'
-        return ["sh", "-c", script, "sh", *procs, "--", *argv]
+        return [host_tool("sh"), "-c", script, "sh", *procs, "--", *argv]
 
     def remove(self) -> None:
         """Blocking: kills what is left in the cgroups, waits briefly for it to leave, then

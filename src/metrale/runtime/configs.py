@@ -100,6 +100,14 @@ class BwrapConfig(RuntimeConfig):
         default=None,
         description="a host directory whose contents are copied into the workdir at start",
     )
+    seed_from_root: bool = Field(
+        default=False,
+        description="copy `workdir` as it is inside `root` (an image's WORKDIR, resolved within "
+        "the image) into the workdir at start; absent there: an empty workdir, as docker makes",
+    )
+    seed_max_mb: int = Field(
+        default=1024, ge=1, description="the most a seed may hold (file sizes, sparse or not)"
+    )
     scratch: list[Annotated[str, Field(pattern="^/")]] = Field(
         default_factory=list,
         description="absolute paths that get an empty writable tmpfs (tmp_mb each)",

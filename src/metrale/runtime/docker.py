@@ -34,6 +34,7 @@ import shlex
 import socket
 import subprocess
 import tarfile
+import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -61,6 +62,34 @@ CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "
 ENTER = 'mkdir -p -- {workdir} 2>/dev/null; cd -- "$0" && exec "$@"'
 #: Largest file `read()` returns.
 READ_CAP_BYTES = 1 << 30
+#: How long a `read()` may take (a FIFO or a stalled engine must not hold a rollout forever).
+READ_TIMEOUT_S = 300.0
+#: `kill_commands`, as root inside. The entry command (`sleep infinity`) must live: when PID 1
+#: is an init (`--init`), the entry is its earliest-started child (an orphan reparented to it
+#: started later, with an exec); when PID 1 is `sleep` itself, no other process is spared.
+#: Then every process but PID 1, the entry and this shell is stopped in one sweep of the
+#: kernel (`kill -STOP -1`, which no fork escapes), each one killed, and the entry resumed.
+#: Builtins only (`read`, `kill`): a child of this shell would be caught by its own sweep.
+KILL_COMMANDS = r"""
+entry= first=
+read -r init < /proc/1/comm
+if [ "$init" != sleep ]; then
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] && continue
+    read -r s 2>/dev/null < "$d/stat" || continue
+    s=${s##*) }; set -- $s
+    [ "$2" = 1 ] || continue
+    if [ -z "$first" ] || [ "${20}" -lt "$first" ]; then entry=$p first=${20}; fi
+  done
+fi
+kill -s STOP -1 2>/dev/null
+[ -n "$entry" ] && kill -s CONT "$entry" 2>/dev/null
+for d in /proc/[0-9]*; do
+  p=${d#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] || [ "$p" = "$entry" ] && continue
+  kill -s KILL "$p" 2>/dev/null
+done
+exit 0
+"""
 
 
 def is_podman(cli: str) -> bool:
@@ -169,21 +198,25 @@ class DockerRuntime(RuntimeBase):
             result.timed_out, result.exit_code = True, 124
         return result
 
-    async def read(self, path: str) -> bytes:
+    async def kill_commands(self) -> None:
+        """Every process of the container but its init and entry command (see
+        `KILL_COMMANDS`), killed as root inside the container's PID namespace."""
         if self.container is None or self._stopped:
             raise RuntimeError("docker runtime is not started")
-        full = self._path(path)
-        code, out, err = await run_bytes([self.config.cli, "cp", f"{self.container}:{full}", "-"])
-        if code != 0:
-            raise FileNotFoundError(f"{path}: {err.strip()[:300]}")
-        with tarfile.open(fileobj=io.BytesIO(out)) as archive:
-            # the archive's first member is the path itself: a directory or a link is no file
-            member = archive.next()
-            if member is None or not member.isfile() or member.size > READ_CAP_BYTES:
-                raise FileNotFoundError(f"{path}: not a regular file of at most 1 GiB")
-            handle = archive.extractfile(member)
-            assert handle is not None
-            return handle.read()
+        argv = [self.config.cli, "exec", "-u", "0", self.container, "sh", "-c", KILL_COMMANDS]
+        result = await self._cli(argv, timeout=120)
+        if result.exit_code != 0:
+            why = (result.stderr.strip() or f"exit {result.exit_code}")[:300]
+            raise OSError(f"cannot kill the container's commands: {why}")
+
+    async def read(self, path: str) -> bytes:
+        """The regular file `path`: the `cp` tar stream is read as it comes, and refused at its
+        header when the member is no regular file or larger than `READ_CAP_BYTES`, so a 3 GB
+        sparse file is never buffered; the whole read is bounded by `READ_TIMEOUT_S`."""
+        if self.container is None or self._stopped:
+            raise RuntimeError("docker runtime is not started")
+        argv = [self.config.cli, "cp", f"{self.container}:{self._path(path)}", "-"]
+        return await asyncio.to_thread(read_member, argv, path, READ_CAP_BYTES, READ_TIMEOUT_S)
 
     async def write(self, path: str, data: bytes | str) -> None:
         if self.container is None or self._stopped:
@@ -223,6 +256,50 @@ class DockerRuntime(RuntimeBase):
             argv += ["-t", "0"]
         with contextlib.suppress(OSError):
             await self._cli([*argv, self.name], timeout=120)
+
+
+def read_member(argv: Sequence[str], path: str, cap: int, timeout_s: float) -> bytes:
+    """Blocking: the first member of the tar stream `argv` prints, if it is a regular file of
+    at most `cap` bytes; FileNotFoundError (with the true reason) otherwise. The CLI is killed
+    when the member is refused, and after `timeout_s` whatever it is doing."""
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    timer = threading.Timer(timeout_s, killpg, (proc.pid,))
+    timer.start()
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        try:
+            with tarfile.open(fileobj=proc.stdout, mode="r|") as archive:
+                # the first member is the path itself: a directory or a link is no file
+                member = archive.next()
+                if member is not None and not member.isfile():
+                    raise FileNotFoundError(f"{path}: not a regular file")
+                if member is not None and member.size > cap:
+                    raise FileNotFoundError(f"{path}: larger than {cap} bytes ({member.size})")
+                handle = archive.extractfile(member) if member is not None else None
+                if handle is not None:
+                    return handle.read(cap + 1)[:cap]
+        except tarfile.TarError:
+            pass
+        killpg(proc.pid)
+        proc.wait()
+        if not timer.is_alive():
+            raise FileNotFoundError(f"{path}: not read within {timeout_s:g} s")
+        err = proc.stderr.read(4096).decode(errors="replace").strip()
+        if not err:  # the engine copied nothing it calls a file (a link to a device, ...)
+            raise FileNotFoundError(f"{path}: not a regular file (the engine's copy held none)")
+        raise FileNotFoundError(f"{path}: {err[:300]}")
+    finally:
+        timer.cancel()
+        killpg(proc.pid)
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
 
 
 async def run_bytes(

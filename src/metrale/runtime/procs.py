@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import functools
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,9 +42,25 @@ HOST_ENV_ALLOW = (
 
 PR_SET_PDEATHSIG = 1
 
+#: Where metrale looks up the host tools it runs itself (`sh`, `prlimit`, `nsenter`, `setpriv`,
+#: `bwrap`, ...): system directories only, never a PATH that an image, a task or a command's
+#: environment could have set.
+TRUSTED_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+#: The whole environment of every host-side helper a sandboxing runtime runs as root before its
+#: sandbox boundary: nothing of metrale's, an image's or a command's (an `LD_PRELOAD`,
+#: `LD_DEBUG_OUTPUT` or `PATH` there would act on a root process on the host).
+HELPER_ENV = {"PATH": TRUSTED_PATH}
+
 #: After a command exits, how long its output pipes may stay open before we stop reading:
 #: a background child that inherited them must not hold `run()` hostage.
 PIPE_GRACE_S = 0.1
+
+
+@functools.cache
+def host_tool(name: str) -> str:
+    """The absolute path of host tool `name` in `TRUSTED_PATH`, looked up once per process
+    (`name` itself when absent there: running it then fails, and `check()` says why)."""
+    return shutil.which(name, path=TRUSTED_PATH) or name
 
 
 def allowed_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -100,7 +117,7 @@ class Limits(BaseModel):
             args.append(f"--nproc={self.max_procs}")
         if self.file_size_mb is not None:
             args.append(f"--fsize={self.file_size_mb << 20}")
-        return ["prlimit", *args, "--"] if args else []
+        return [host_tool("prlimit"), *args, "--"] if args else []
 
 
 class CappedBuffer:

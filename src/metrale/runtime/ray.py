@@ -60,6 +60,9 @@ class SandboxActor:
     async def write(self, path: str, data: bytes) -> None:
         await self.runtime.write(path, data)
 
+    async def kill_commands(self) -> None:
+        await self.runtime.kill_commands()
+
     async def stop(self) -> None:
         try:
             await self.runtime.stop()
@@ -208,6 +211,9 @@ class RayRuntime(RuntimeBase):
     async def write(self, path: str, data: bytes | str) -> None:
         payload = data.encode() if isinstance(data, str) else data
         await self._require().write.remote(path, payload)
+
+    async def kill_commands(self) -> None:
+        await self._require().kill_commands.remote()
 
     async def stop(self) -> None:
         if self._stopped:

@@ -101,6 +101,11 @@ class SubprocessRuntime(RuntimeBase):
 
         await asyncio.to_thread(put)
 
+    async def kill_commands(self) -> None:
+        """The sessions of every command, and every process carrying this sandbox's marker."""
+        self._require()
+        await asyncio.to_thread(kill_tree, set(self._sessions), self.marker)
+
     async def stop(self) -> None:
         if self._stopped:
             return

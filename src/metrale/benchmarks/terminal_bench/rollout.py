@@ -89,7 +89,8 @@ def task_runtime_config(run: TaskRun, config: RuntimeConfig) -> RuntimeConfig:
             workdir = image.workdir if image.workdir not in (None, "/") else None
             update.update(
                 root=str(image.rootfs),
-                seed=f"{image.rootfs}{workdir}" if workdir else None,
+                seed=None,
+                seed_from_root=workdir is not None,
                 workdir=workdir or BWRAP_FALLBACK_WORKDIR,
                 env={**image.env, **config.env},
             )
@@ -113,6 +114,9 @@ class TaskRollout:
             raise self.run.build_error
         if self.run.image is not None:
             ctx.record.metrics.update(image=self.run.image.tag)
+        skipped = getattr(ctx.runtime, "seed_skipped", None)
+        if skipped:  # device nodes, FIFOs, sockets of the image's WORKDIR (bwrap): not copied
+            ctx.record.metrics["workdir_skipped"] = skipped[:20]
 
     async def generate(self, ctx: RolloutContext) -> None:
         run, runtime = self.run, ctx.runtime

@@ -1,10 +1,15 @@
 """Scoring a Harbor task: its tests copied in only after the agent, test.sh run under the
 verifier timeout, the reward read back from the file test.sh wrote.
 
-Before test.sh runs, `/tests` is emptied and any reward file removed: whatever the agent left
-there (a planted `reward.txt`) cannot score. Each way scoring can fail is an error with its own
-type on the rollout: `verifier_timeout`, `no_reward` (test.sh wrote neither file), `bad_reward`
-(not a finite number, or a reward.json with no single numeric reward).
+Before test.sh runs, every process the agent left is killed (`Runtime.kill_commands`: a daemon
+rewriting `reward.txt` cannot outlive the agent's phase), `/tests` is emptied and any reward
+file removed: whatever the agent left there (a planted `reward.txt`) cannot score. The reward
+is read inside the sandbox, a regular file only, at most `REWARD_MAX_BYTES`, within
+`REWARD_READ_TIMEOUT_S`: a symlink to `/dev/zero`, a FIFO or a sparse 3 GB file is refused with
+that reason, never read whole. Each way scoring can fail is an error with its own type on the
+rollout: `verifier_timeout`, `no_reward` (test.sh wrote neither file), `bad_reward` (not a
+regular file, too large, unreadable in time, not a finite number, or a reward.json with no
+single numeric reward).
 """
 
 from __future__ import annotations
@@ -22,6 +27,19 @@ TESTS_DIR = "/tests"
 REWARD_DIR = "/logs/verifier"
 #: How much of the verifier's output a record keeps (head and tail).
 OUTPUT_KEEP_CHARS = 4000
+#: The largest reward file read: a number or a small JSON object of named rewards.
+REWARD_MAX_BYTES = 64 << 10
+#: How long reading one reward file may take (a FIFO swapped in after the check blocks).
+REWARD_READ_TIMEOUT_S = 30.0
+#: Reads file $0 inside the sandbox, at most $1 bytes, after checking it is a regular file
+#: (not a link): exit 3 when it is absent, 4 for a symlink, 5 for anything not a regular file.
+_READ_REWARD = (
+    '[ -L "$0" ] && exit 4; [ -e "$0" ] || exit 3; [ -f "$0" ] || exit 5; exec head -c "$1" -- "$0"'
+)
+_NOT_READ = {
+    4: "is a symlink (only a regular file is read)",
+    5: "is not a regular file (a FIFO, a device or a directory)",
+}
 
 
 class SandboxIOError(OSError):
@@ -105,6 +123,11 @@ async def verify(
 ) -> VerifierResult:
     """Copy `tests`, run test.sh, read the reward; raises the typed errors above, each carrying
     the result so far as `.result` (the record keeps the verifier's output either way)."""
+    try:  # nothing of the agent's phase runs past this point
+        await runtime.kill_commands()
+    except OSError as exc:
+        why = f"cannot end the agent's processes before the verifier: {exc}"
+        raise SandboxIOError(why) from exc
     await reset(runtime)
     await copy_dir(runtime, tests, TESTS_DIR)
     run = await runtime.run(["bash", f"{TESTS_DIR}/test.sh"], cwd=workdir, timeout=timeout_s)
@@ -126,20 +149,34 @@ def _with(exc: Exception, result: VerifierResult) -> Exception:
     return exc
 
 
-async def _read(runtime: Runtime, path: str) -> bytes | None:
-    try:
-        return await runtime.read(path)
-    except (FileNotFoundError, OSError):
+async def _read(runtime: Runtime, path: str, result: VerifierResult) -> str | None:
+    """The text of reward file `path`, None when it is absent; BadReward with the reason when
+    it is there but not read (not a regular file, too large, not read in time)."""
+    name = path.rsplit("/", 1)[-1]
+    argv = ["sh", "-c", _READ_REWARD, path, str(REWARD_MAX_BYTES + 1)]
+    done = await runtime.run(argv, timeout=REWARD_READ_TIMEOUT_S)
+    if done.timed_out:
+        why = f"{name} was not read within {REWARD_READ_TIMEOUT_S:g} s (a FIFO?)"
+        raise _with(BadReward(why), result)
+    if done.exit_code == 3:
         return None
+    if done.exit_code in _NOT_READ:
+        raise _with(BadReward(f"{name} {_NOT_READ[done.exit_code]}"), result)
+    if done.exit_code != 0:
+        why = (done.stderr.strip() or f"exit {done.exit_code}")[:200]
+        raise _with(BadReward(f"{name} could not be read: {why}"), result)
+    if len(done.stdout.encode()) + done.stdout_dropped > REWARD_MAX_BYTES:
+        raise _with(BadReward(f"{name} is larger than {REWARD_MAX_BYTES} bytes"), result)
+    return done.stdout
 
 
 async def read_reward(runtime: Runtime, result: VerifierResult) -> None:
     """reward.txt (one number) wins over reward.json (`{"reward": x}`, or one numeric entry)."""
-    text = await _read(runtime, f"{REWARD_DIR}/reward.txt")
+    text = await _read(runtime, f"{REWARD_DIR}/reward.txt", result)
     if text is not None:
-        result.reward = _number(text.decode(errors="replace").strip(), "reward.txt", result)
+        result.reward = _number(text.strip(), "reward.txt", result)
         return
-    raw = await _read(runtime, f"{REWARD_DIR}/reward.json")
+    raw = await _read(runtime, f"{REWARD_DIR}/reward.json", result)
     if raw is None:
         raise _with(
             NoReward(f"test.sh (exit {result.exit_code}) wrote neither {REWARD_DIR}/reward.txt "
