@@ -66,6 +66,8 @@ REAL_FILES = frozenset({
     "tests/benchmarks/terminal_bench/test_benchmark.py",
     "tests/benchmarks/terminal_bench/test_images.py",
     "tests/benchmarks/terminal_bench/test_builder.py",
+    "tests/benchmarks/terminal_bench/test_bwrap_images.py",
+    "tests/runtime/test_docker_read.py",
     "tests/benchmarks/terminal_bench/test_shipped.py",
     "tests/matrix/test_html.py",
 })  # fmt: skip
