@@ -20,7 +20,15 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
-from metrale.bounds import CPUS, MAX_PROCS, MEMORY_MB, TMPFS_MB, Bound, pydantic_range
+from metrale.bounds import (
+    CPUS,
+    FILE_SIZE_MB,
+    MAX_PROCS,
+    MEMORY_MB,
+    TMPFS_MB,
+    Bound,
+    pydantic_range,
+)
 from metrale.errors import UsageError
 from metrale.runtime.base import LIMIT_KEYS, Runtime, RuntimeConfig, Throttle, unknown_options
 from metrale.runtime.procs import Limits, RateLimiter
@@ -106,7 +114,9 @@ class BwrapConfig(RuntimeConfig):
         "the image) into the workdir at start; absent there: an empty workdir, as docker makes",
     )
     seed_max_mb: int = Field(
-        default=1024, ge=1, description="the most a seed may hold (file sizes, sparse or not)"
+        default=1024,
+        description="the most a seed may hold (file sizes, sparse or not)",
+        **pydantic_range(FILE_SIZE_MB),
     )
     scratch: list[Annotated[str, Field(pattern="^/")]] = Field(
         default_factory=list,
