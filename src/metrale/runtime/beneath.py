@@ -49,23 +49,38 @@ def components(path: str) -> list[str]:
     return parts
 
 
-def _openat2(dir_fd: int, path: str, flags: int, mode: int) -> int | None:
-    """fd, or None when the kernel has no openat2 (then the caller walks)."""
-    how = _OpenHow(flags | os.O_CLOEXEC, mode, _RESOLVE)
+def openat2(dir_fd: int, path: str, flags: int, mode: int, resolve: int) -> int:
+    """`openat2(2)` of `path` relative to `dir_fd` with the `RESOLVE_*` bits `resolve` (the
+    descriptor is close-on-exec). OSError with the kernel's errno on failure: ENOSYS or EPERM
+    mean no openat2 here (an old kernel, or a seccomp filter refusing it)."""
+    how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
     fd = _libc().syscall(SYS_OPENAT2, dir_fd, path.encode(), ctypes.byref(how), ctypes.sizeof(how))
     if fd >= 0:
         return int(fd)
     err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EPERM):  # no openat2, or a seccomp filter refusing it
-        return None
-    if err in (errno.ELOOP, errno.EXDEV):
-        raise SymlinkInPath(err, f"{path}: a symlink or mount point is in the way")
     raise OSError(err, os.strerror(err), path)
 
 
-def _walk(
-    dir_fd: int, parts: list[str], *, create_dirs: bool, owner: tuple[int, int] | None
-) -> int:
+def no_openat2(exc: OSError) -> bool:
+    """Whether `openat2` failed because this kernel (or its seccomp filter) lacks it."""
+    return exc.errno in (errno.ENOSYS, errno.EPERM)
+
+
+def _openat2(dir_fd: int, path: str, flags: int, mode: int) -> int | None:
+    """fd, or None when the kernel has no openat2 (then the caller walks)."""
+    try:
+        return openat2(dir_fd, path, flags, mode, _RESOLVE)
+    except OSError as exc:
+        if no_openat2(exc):
+            return None
+        if exc.errno in (errno.ELOOP, errno.EXDEV):
+            raise SymlinkInPath(
+                exc.errno, f"{path}: a symlink or mount point is in the way"
+            ) from None
+        raise
+
+
+def walk(dir_fd: int, parts: list[str], *, create_dirs: bool, owner: tuple[int, int] | None) -> int:
     """An O_PATH-free fd of the directory `parts` names under `dir_fd`, never following a
     link; with `create_dirs`, missing directories are made (owned by `owner`)."""
     fd = os.dup(dir_fd)
@@ -125,7 +140,7 @@ def read_beneath(root: str, path: str) -> bytes:
         flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
         fd = _openat2(root_fd, "/".join(parts), flags, 0)
         if fd is None:
-            parent = _walk(root_fd, parts[:-1], create_dirs=False, owner=None)
+            parent = walk(root_fd, parts[:-1], create_dirs=False, owner=None)
             try:
                 fd = _open_leaf(parent, parts[-1], flags, 0)
             finally:
@@ -145,7 +160,7 @@ def write_beneath(
     parts = components(path)
     root_fd = os.open(root, _NOFOLLOW_DIR)
     try:
-        parent = _walk(root_fd, parts[:-1], create_dirs=True, owner=owner)
+        parent = walk(root_fd, parts[:-1], create_dirs=True, owner=owner)
     finally:
         os.close(root_fd)
     try:

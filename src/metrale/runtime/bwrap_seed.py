@@ -21,7 +21,6 @@ directory at container start; one that exists but is not a directory is `SeedErr
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
 import stat
@@ -61,22 +60,15 @@ def open_in_root(root: str, path: str) -> int | None:
     root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         rel = path.strip("/") or "."
-        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-        how = beneath._OpenHow(
-            flags, 0, RESOLVE_IN_ROOT | beneath.RESOLVE_NO_MAGICLINKS | beneath.RESOLVE_NO_XDEV
-        )
-        libc = beneath._libc()
-        fd = libc.syscall(
-            beneath.SYS_OPENAT2, root_fd, rel.encode(), ctypes.byref(how), ctypes.sizeof(how)
-        )
-        if fd >= 0:
-            return int(fd)
-        err = ctypes.get_errno()
-        if err not in (errno.ENOSYS, errno.EPERM):
-            _raise_unless_missing(err, path)
-            return None
+        resolve = RESOLVE_IN_ROOT | beneath.RESOLVE_NO_MAGICLINKS | beneath.RESOLVE_NO_XDEV
+        try:
+            return beneath.openat2(root_fd, rel, os.O_RDONLY | os.O_DIRECTORY, 0, resolve)
+        except OSError as exc:
+            if not beneath.no_openat2(exc):
+                _raise_unless_missing(exc.errno or 0, path)
+                return None
         try:  # no openat2: one component at a time, no link followed at all
-            return beneath._walk(root_fd, beneath.components(rel), create_dirs=False, owner=None)
+            return beneath.walk(root_fd, beneath.components(rel), create_dirs=False, owner=None)
         except FileNotFoundError:
             return None
         except (beneath.SymlinkInPath, ValueError) as exc:
