@@ -31,7 +31,6 @@ import ast
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,6 +50,7 @@ from mutation import (  # the sibling script, found by the line above
     _copy_tree,
     _scope_lines,
     _test_command,
+    tests_fail,
 )
 
 Span = tuple[int, int, int, int]  # first line, first col, last line, end col (ast positions)
@@ -232,26 +232,6 @@ class Score:
         return 100.0 * self.killed / self.total if self.total else 100.0
 
 
-def _run(argv: list[str], work: Path, env: dict[str, str], timeout_s: float, nice: int) -> bool:
-    """True when the tests fail (or hang) on the mutant: it is killed."""
-    proc = subprocess.Popen(
-        ["nice", "-n", str(nice), *argv],
-        cwd=work,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        return proc.wait(timeout=timeout_s) != 0
-    except subprocess.TimeoutExpired:
-        return True
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def run_module(
     name: str, work: Path, timeout_s: float | None, nice: int, shard: tuple[int, int] = (0, 1)
 ) -> Score:
@@ -266,7 +246,7 @@ def run_module(
     try:
         for m in todo:
             path.write_text(apply(source, m))
-            dead = _run(argv, work, env, per_mutant + 30, nice)
+            dead = tests_fail(["nice", "-n", str(nice), *argv], work, env, per_mutant + 30)
             k, t = by_kind.get(m.kind, (0, 0))
             by_kind[m.kind] = (k + dead, t + 1)
             killed += dead

@@ -27,7 +27,6 @@ import ast
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +42,7 @@ from mutation import (
     _copy_tree,
     _scope_lines,
     _test_command,
+    tests_fail,
 )
 
 _KEPT_OUT = (
@@ -141,26 +141,6 @@ def mutate(source: str, d: Deletion) -> str:
     return "".join([*lines[: d.first - 1], f"{d.indent}pass\n", *lines[d.last :]])
 
 
-def _run(argv: list[str], cwd: Path, env: dict[str, str], timeout_s: float) -> bool:
-    """True when the tests fail (or hang past the timeout): the deletion is killed."""
-    proc = subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        return proc.wait(timeout=timeout_s) != 0
-    except subprocess.TimeoutExpired:
-        return True
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 @dataclass
 class Score:
     name: str
@@ -187,7 +167,7 @@ def run_module(
         for d in deletions(original, module)[shard[0] :: shard[1]]:
             path.write_text(mutate(original, d))
             score.total += 1
-            if _run(argv, work, env, timeout_s + 30):
+            if tests_fail(argv, work, env, timeout_s + 30):
                 score.killed += 1
             else:
                 score.survivors.append(d)

@@ -293,6 +293,28 @@ def run_module(
     return Score(name, len(rows), killed, survivors)
 
 
+def tests_fail(argv: list[str], cwd: Path, env: dict[str, str], timeout_s: float) -> bool:
+    """True when the tests `argv` runs fail, or hang past `timeout_s` (the mutant is killed);
+    the whole process group is killed either way, so no test process outlives its mutant.
+    Shared by deletion.py and behaviour.py, which run the tests themselves."""
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        return proc.wait(timeout=timeout_s) != 0
+    except subprocess.TimeoutExpired:
+        return True
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def _is_killed(test_outcome: str | None, worker_outcome: str | None) -> bool:
     """A test failed on the mutant, or the mutant hung past the timeout."""
     return (test_outcome or "").upper() == "KILLED" or (worker_outcome or "").upper() == "TIMEOUT"

@@ -6,12 +6,18 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from metrale.runtime.procs import kill_tree
 
 HAVE_BWRAP = shutil.which("bwrap") is not None and shutil.which("nsenter") is not None
 
@@ -91,3 +97,34 @@ def bwrap_root(request: pytest.FixtureRequest) -> dict[str, str]:
     if request.param == "host":
         return {}
     return {"root": request.getfixturevalue("image_root")}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[str]:
+    """A one-node Ray head on loopback in its own temp dir, stopped by its own pids (once per
+    module that uses it: test_conformance's ray cells, test_ray_start)."""
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    ray_bin = Path(sys.executable).with_name("ray")
+    if not ray_bin.exists():
+        pytest.skip("no ray command next to this interpreter")
+    temp = tempfile.mkdtemp(prefix="metrale-ray-")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "RAY_ADDRESS": "", "METRALE_TEST_RAY": temp}
+    try:
+        subprocess.run(
+            [str(ray_bin), "start", "--head", "--disable-usage-stats", f"--port={port}",
+             "--node-ip-address=127.0.0.1", "--num-cpus=2", "--include-dashboard=false",
+             "--object-store-memory=100000000", f"--temp-dir={temp}"],
+            capture_output=True, text=True, timeout=180, env=env, check=True,
+        )  # fmt: skip
+        yield f"127.0.0.1:{port}"
+    finally:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        # only this cluster's processes: every one inherits the marker in its environment
+        kill_tree([], marker=f"METRALE_TEST_RAY={temp}".encode())
+        shutil.rmtree(temp, ignore_errors=True)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -37,7 +36,6 @@ from typing import Any
 import pytest
 
 from metrale.runtime import Runtime, create_runtime, runtime_config
-from metrale.runtime.procs import kill_tree
 from tests.runtime.conftest import HAVE_BWRAP, processes_with, wait_gone
 from tests.runtime.engine import labelled_containers, require_engine
 
@@ -47,36 +45,6 @@ RUNTIMES = ["subprocess", "bwrap", "docker", "ray-bwrap"]
 def skip_unless(name: str, makes: bool, reason: str) -> None:
     if not makes:
         pytest.skip(f"{name}: {reason}")
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[str]:
-    """A one-node Ray head on loopback in its own temp dir, stopped by its own pids."""
-    pytest.importorskip("ray", reason="the ray extra is not installed")
-    ray_bin = Path(sys.executable).with_name("ray")
-    if not ray_bin.exists():
-        pytest.skip("no ray command next to this interpreter")
-    temp = tempfile.mkdtemp(prefix="metrale-ray-")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "RAY_ADDRESS": "", "METRALE_TEST_RAY": temp}
-    try:
-        subprocess.run(
-            [str(ray_bin), "start", "--head", "--disable-usage-stats", f"--port={port}",
-             "--node-ip-address=127.0.0.1", "--num-cpus=2", "--include-dashboard=false",
-             "--object-store-memory=100000000", f"--temp-dir={temp}"],
-            capture_output=True, text=True, timeout=180, env=env, check=True,
-        )  # fmt: skip
-        yield f"127.0.0.1:{port}"
-    finally:
-        import ray
-
-        if ray.is_initialized():
-            ray.shutdown()
-        # only this cluster's processes: every one inherits the marker in its environment
-        kill_tree([], marker=f"METRALE_TEST_RAY={temp}".encode())
-        shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.fixture(params=RUNTIMES)
