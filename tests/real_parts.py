@@ -74,7 +74,7 @@ REAL_FILES = frozenset({
 })  # fmt: skip
 
 #: Parameter ids (split on "-") that name a real runtime.
-REAL_PARAMS = frozenset({"bwrap", "docker", "ray", "podman", "image"})
+REAL_PARAMS = frozenset({"bwrap", "docker", "ray", "podman", "image", "prime"})
 
 
 #: Source text that starts the metrale command line (not `metrale sim`) in a child process.

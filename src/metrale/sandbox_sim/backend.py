@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 BACKENDS = ("bwrap", "docker", "auto")
 #: What one command's stdout (and stderr) may hold inside the emulator: a service streams
 #: more than any runtime keeps, and the client caps what it keeps itself.
-EXEC_CAP_BYTES = 16 << 20
+EXEC_CAP_BYTES = 128 << 20
 
 
 class SandboxGone(KeyError):
@@ -104,7 +104,8 @@ class Backend:
     def _config(
         self, image: str, env: Mapping[str, str], cpu: float, memory_mb: int, workdir: str
     ) -> RuntimeConfig:
-        from metrale.runtime.configs import BwrapConfig, DockerConfig
+        from metrale.runtime.bwrap import BwrapConfig
+        from metrale.runtime.docker import DockerConfig
         from metrale.runtime.procs import Limits
 
         if self.kind == "docker":
