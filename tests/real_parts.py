@@ -71,6 +71,8 @@ REAL_FILES = frozenset({
     "tests/benchmarks/terminal_bench/test_shipped.py",
     "tests/matrix/test_html.py",
     "tests/sandbox_sim/test_backend.py",
+    "tests/runtime/test_prime.py",
+    "tests/sandbox_sim/test_prime_sdk.py",
 })  # fmt: skip
 
 #: Parameter ids (split on "-") that name a real runtime.

@@ -34,9 +34,12 @@ class Emulator:
         return state
 
     def left(self) -> list[Any]:
-        """Every sandbox the emulator still holds: live ones and pending records."""
+        """Every sandbox the service still holds (pending or running), and any real sandbox
+        behind it that no longer belongs to one (there must be none)."""
         state = self.state()
-        return [*state["live"], *state["sandboxes"]]
+        held = {s["id"] for s in state["sandboxes"]}
+        orphans = [s for s in state["live"] if s["labels"].get("prime_id") not in held]
+        return [*state["sandboxes"], *orphans]
 
 
 def child_env() -> dict[str, str]:

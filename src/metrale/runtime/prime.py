@@ -195,6 +195,7 @@ class PrimeRuntime(RuntimeBase):
         self.start_retries = 0
         self._session: Session | None = None
         self._creating: asyncio.Task[str] | None = None
+        self._creation: Creation | None = None
         self._stopped = False
         #: `BASELINE`'s words, taken when the sandbox was ready
         self._baseline = ""
@@ -211,7 +212,7 @@ class PrimeRuntime(RuntimeBase):
             raise RuntimeStartError("runtime already stopped")
         deadline = time.monotonic() + self.config.start_timeout
         self._session = self.config.sessions.acquire()
-        creation = Creation()
+        creation = self._creation = Creation()
         self._creating = asyncio.ensure_future(self._create(creation, deadline))
         try:
             # shielded: a cancelled rollout's creation still returns its id, for stop()
@@ -363,7 +364,8 @@ class PrimeRuntime(RuntimeBase):
             raise SandboxLostError(f"killing the sandbox's commands failed: {result.stderr}")
 
     async def stop(self) -> None:
-        """Delete the sandbox, also one whose creation was still in flight (it is awaited)."""
+        """Delete the sandbox, also one whose creation was in flight (it is awaited; one only
+        backing off between refused requests is cancelled)."""
         if self._stopped:
             return
         self._stopped = True
@@ -371,9 +373,12 @@ class PrimeRuntime(RuntimeBase):
         if session is None:
             return
         try:
-            if self._creating is not None and self.sandbox_id is None:
-                with contextlib.suppress(Exception):
-                    self.sandbox_id = await self._creating
+            creating = self._creating
+            if creating is not None and self.sandbox_id is None:
+                if self._creation is not None and not self._creation.unsettled:
+                    creating.cancel()  # between requests (a backoff): nothing was made
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    self.sandbox_id = await creating  # it may have made one: delete it
             if self.sandbox_id is not None:
                 try:
                     await session.client.delete(self.sandbox_id)

@@ -53,9 +53,12 @@ def run_labels(run: str) -> list[str]:
 
 @dataclass
 class Creation:
-    """One rollout's sandbox creation: the refusals (429) the service answered it."""
+    """One rollout's sandbox creation: the refusals (429) the service answered it, and whether
+    a request of it may have made a sandbox the creation has not returned yet (sent, and not
+    refused): while so, cancelling it could orphan that sandbox."""
 
     refused: int = 0
+    unsettled: bool = False
 
 
 #: the creation the current task is making (set by `PrimeRuntime.start`)
@@ -64,13 +67,23 @@ CREATION: contextvars.ContextVar[Creation | None] = contextvars.ContextVar(
 )
 
 
-async def _count_refusals(response: httpx.Response) -> None:
-    request = response.request
-    refused = response.status_code == 429 and request.method == "POST"
-    if refused and request.url.path.endswith("/sandbox"):
-        creation = CREATION.get()
-        if creation is not None:
-            creation.refused += 1
+def _is_creation(request: httpx.Request) -> bool:
+    return request.method == "POST" and request.url.path.endswith("/sandbox")
+
+
+async def _creation_sent(request: httpx.Request) -> None:
+    creation = CREATION.get()
+    if creation is not None and _is_creation(request):
+        creation.unsettled = True
+
+
+async def _creation_answered(response: httpx.Response) -> None:
+    creation = CREATION.get()
+    if creation is None or not _is_creation(response.request):
+        return
+    if response.status_code >= 400:  # refused: no sandbox was made
+        creation.unsettled = False
+        creation.refused += response.status_code == 429
 
 
 @dataclass
@@ -89,7 +102,9 @@ class Session:
         from prime_sandboxes import AsyncSandboxClient
 
         client = AsyncSandboxClient()
-        client.client.client.event_hooks["response"].append(_count_refusals)
+        hooks = client.client.client.event_hooks
+        hooks["request"].append(_creation_sent)
+        hooks["response"].append(_creation_answered)
         return cls(client=client, loop=asyncio.get_running_loop())
 
     async def settled(self, sandbox_id: str, deadline: float) -> Any:
