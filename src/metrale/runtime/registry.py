@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 from functools import cache
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint
 
+from metrale.entry import group
 from metrale.errors import UsageError
 from metrale.runtime.base import RuntimeConfig
 
@@ -21,12 +22,8 @@ logger = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "metrale.runtimes"
 
 
-@cache
 def _entry_points() -> dict[str, EntryPoint]:
-    found: dict[str, EntryPoint] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(ep.name, ep)  # the first installed distribution wins, as pip's does
-    return found
+    return {ep.name: ep for ep in group(ENTRY_POINT_GROUP)}
 
 
 def runtime_names() -> tuple[str, ...]:
