@@ -61,12 +61,13 @@ def _load(ep: EntryPoint) -> type[RuntimeConfig]:
 
 
 def config_classes() -> dict[str, type[RuntimeConfig]]:
-    """Every installed runtime's config class. A plugin that cannot be loaded is left out and
-    logged: one broken package must not take `--help` or `metrale cleanup` down with it."""
+    """Every installed runtime's config class. A plugin that cannot be loaded is left out (and
+    logged at debug level, `-vv`): one broken package must not take `--help` or any run that
+    does not ask for it down with it; asking for it by name says what is wrong."""
     classes: dict[str, type[RuntimeConfig]] = {}
     for name, ep in _entry_points().items():
         try:
             classes[name] = _load(ep)
         except UsageError as exc:
-            logger.warning("%s", exc)
+            logger.debug("%s", exc)
     return classes
