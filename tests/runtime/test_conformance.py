@@ -436,9 +436,12 @@ KILLED_RUN = textwrap.dedent("""\
 
 
 def test_nothing_is_left_after_a_sigkill_of_metrale(name: str, marker: str) -> None:
-    skip_unless(name, name in ("bwrap", "docker") and declares(name, Capability.LEFTOVERS),
-                "Ray kills a dead driver's actors itself" if name == "ray-bwrap"
-                else "no supervisor outside metrale: a SIGKILLed run leaves its commands")  # fmt: skip
+    why = (
+        "Ray kills a dead driver's actors itself"
+        if name == "ray-bwrap"
+        else "no supervisor outside metrale: a SIGKILLed run leaves its commands"
+    )
+    skip_unless(name, name in ("bwrap", "docker") and declares(name, Capability.LEFTOVERS), why)
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLED_RUN, name, marker],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
