@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import types
 import typing
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from metrale.bounds import (
@@ -138,7 +140,7 @@ def add_runtime_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None
         metavar="BYTES",
         help="stdout/stderr kept per command, head and tail (default 1 MiB)",
     )
-    for flag, (runtime, _, kind, text) in own_flags().items():
+    for flag, (runtime, _, kind, text) in (own_flags() if _OWN_WANTED[0] else {}).items():
         g.add_argument(flag, dest=_dest(flag), type=_PARSERS[kind], metavar=_METAVARS[kind],
                        help=f"{runtime}: {text}")  # fmt: skip
 
@@ -197,6 +199,25 @@ def _kind(annotation: Any) -> str | None:
     return None
 
 
+#: whether the parser being built needs the runtimes' own flags (`only_own_flags_in`)
+_OWN_WANTED = [True]
+
+
+@contextlib.contextmanager
+def own_flags_for(argv: Sequence[str]) -> Iterator[None]:
+    """While parsing `argv`: build the runtimes' own flags only when it may use them (help, or
+    a token that starts with `--<runtime>-` for an installed runtime). Making them loads every
+    runtime's config module (~15 ms), which a run that gives none of them need not pay."""
+    from metrale.runtime.registry import runtime_names
+
+    prefixes = tuple(f"--{name}-".replace("_", "-") for name in runtime_names())
+    _OWN_WANTED[0] = any(token in ("-h", "--help") or token.startswith(prefixes) for token in argv)
+    try:
+        yield
+    finally:
+        _OWN_WANTED[0] = True
+
+
 @functools.cache
 def own_flags() -> dict[str, tuple[str, str, str, str]]:
     """`--<runtime>-<field>` for each scalar field with a description of each installed
@@ -252,7 +273,7 @@ def runtime_options(args: argparse.Namespace, name: str) -> dict[str, object]:
     `--<name>-<field>` flags, and those of the runtime it holds, as ray's `--ray-inner`)."""
     options: dict[str, object] = {}
     inner = getattr(args, "ray_inner", None) if name == "ray" else None
-    for flag, (runtime, field, _, _) in own_flags().items():
+    for flag, (runtime, field, _, _) in (own_flags() if _OWN_WANTED[0] else {}).items():
         value = getattr(args, _dest(flag), None)
         if value is None:
             continue
@@ -277,7 +298,11 @@ def runtime_options(args: argparse.Namespace, name: str) -> dict[str, object]:
 def shaping_flags(args: argparse.Namespace) -> list[str]:
     """Every runtime-shaping flag given (the shared ones, then each runtime's own)."""
     given = [flag for flag, (dest, _) in _FLAGS.items() if getattr(args, dest, None)]
-    given += [f for f in own_flags() if getattr(args, _dest(f), None) is not None]
+    given += [
+        f
+        for f in (own_flags() if _OWN_WANTED[0] else {})
+        if getattr(args, _dest(f), None) is not None
+    ]
     return given
 
 
