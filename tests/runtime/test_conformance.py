@@ -14,13 +14,19 @@ promise skips that test with the reason, never silently.
 | host secrets and files invisible   | env only            | yes   | yes           | no (skip)   |
 | nothing left after SIGKILL of us   | no (no supervisor)  | yes   | yes           | no (skip)   |
 
-Ray over docker is not a case: ray's inner config accepts subprocess and bwrap only. prime runs
-against `metrale sandbox-sim prime` (bwrap behind it) with the official SDK: files, commands,
-timeouts, caps, stop, kill_commands, memory and host isolation as bwrap; not promised: network
-off (a prime sandbox has the service's network), a process or CPU-seconds bound (the service
-bounds cores and memory), the CPU rate (the emulator's sandboxes do not), nothing left after a
-SIGKILL (a remote sandbox outlives its run until `metrale cleanup --runtime prime`).
+prime runs against `metrale sandbox-sim prime` (bwrap behind it) through the official SDK and
+makes the promises of the first three rows, the memory limit per process (its `memory_mb`) and
+host secrets and files invisible. Not the others: a prime sandbox has the service's network;
+the service bounds cores and memory, not processes or CPU seconds (no `BOUNDS` declared); and
+a remote sandbox outlives a SIGKILLed run until `metrale cleanup --runtime prime`
+(tests/runtime/test_prime.py).
+
 Each test checks (the `marker` fixture) that no process of it is left on the host.
+
+Any installed runtime can be put through it: `METRALE_CONFORMANCE_RUNTIMES=NAME[,NAME]` adds
+it to the cases (tests/runtime/test_runtime_plugin.py does so for a runtime of another
+package). A promise beyond the basic ones is tested where the runtime declares the capability
+that makes it (`Capability`): a runtime is held to what it says of itself.
 """
 
 from __future__ import annotations
@@ -41,15 +47,31 @@ from typing import Any
 import pytest
 
 from metrale.runtime import Runtime, create_runtime, runtime_config
+from metrale.runtime.base import Capability
+from metrale.runtime.registry import config_class
 from tests.runtime.conftest import HAVE_BWRAP, processes_with, wait_gone
 from tests.runtime.engine import labelled_containers, require_engine
 
-RUNTIMES = ["subprocess", "bwrap", "docker", "ray-bwrap", "prime"]
+BUILT_IN = ["subprocess", "bwrap", "docker", "ray-bwrap", "prime"]
+EXTRA = [n for n in os.environ.get("METRALE_CONFORMANCE_RUNTIMES", "").split(",") if n.strip()]
+RUNTIMES = [*BUILT_IN, *(n.strip() for n in EXTRA)] if EXTRA else BUILT_IN
 
 
 def skip_unless(name: str, makes: bool, reason: str) -> None:
     if not makes:
         pytest.skip(f"{name}: {reason}")
+
+
+def declares(name: str, capability: Capability) -> bool:
+    """Whether runtime `name` says it makes the promise `capability` stands for."""
+    if name == "ray-bwrap":
+        return not runtime_config("ray", inner="bwrap").lacks(frozenset({capability}))
+    return capability in config_class(name).capabilities
+
+
+def takes(name: str, option: str) -> bool:
+    """Whether runtime `name` has the flat option (`memory_mb`, `cpu_s`, ...)."""
+    return option in config_class("ray" if name == "ray-bwrap" else name).flat_keys()
 
 
 @pytest.fixture(scope="module")
@@ -287,8 +309,8 @@ def test_the_network_probe_reaches_the_host_from_the_host(
 def test_network_is_off_by_default(
     name: str, make: Callable[..., Runtime], listener: tuple[int, list[str]], marker: str
 ) -> None:
-    skip_unless(name, name != "subprocess", "runs on the host network")
-    skip_unless(name, name != "prime", "a prime sandbox has the service's network")
+    here = "has the service's network" if name == "prime" else "runs on the host network"
+    skip_unless(name, declares(name, Capability.NETWORK_OFF), here)
     port, hosts = listener
 
     async def body(rt: Runtime) -> None:
@@ -321,9 +343,9 @@ FORKS = textwrap.dedent("""\
 
 
 def test_process_limit_holds(name: str, make: Callable[..., Runtime], marker: str) -> None:
-    skip_unless(name, name != "subprocess",
-                "RLIMIT_NPROC binds no root process and counts the host user's")  # fmt: skip
-    skip_unless(name, name != "prime", "the service bounds memory and CPU, not processes")
+    skip_unless(name, declares(name, Capability.BOUNDS),
+                "RLIMIT_NPROC binds no root process and counts the host user's"
+                if name == "subprocess" else "declares no process bound")  # fmt: skip
 
     async def body(rt: Runtime) -> None:
         await rt.write("forks.py", FORKS)
@@ -341,6 +363,8 @@ MEMORY_HOG = (
 
 
 def test_memory_limit_per_process(name: str, make: Callable[..., Runtime], marker: str) -> None:
+    skip_unless(name, takes(name, "memory_mb"), "has no memory limit")
+
     async def body(rt: Runtime) -> None:
         result = await rt.run(MEMORY_HOG.format(mb=400, s=0), timeout=60)
         assert "held" not in result.stdout and result.exit_code != 0
@@ -351,7 +375,7 @@ def test_memory_limit_per_process(name: str, make: Callable[..., Runtime], marke
 def test_memory_limit_of_the_whole_sandbox(
     name: str, make: Callable[..., Runtime], marker: str
 ) -> None:
-    skip_unless(name, name != "subprocess", "per-process limits only")
+    skip_unless(name, declares(name, Capability.BOUNDS), "per-process limits only")
 
     async def body(rt: Runtime) -> None:
         hogs = " ".join(f"{MEMORY_HOG.format(mb=100, s=3)} &" for _ in range(6))
@@ -363,7 +387,7 @@ def test_memory_limit_of_the_whole_sandbox(
 
 def test_cpu_seconds_limit_kills(name: str, make: Callable[..., Runtime], marker: str) -> None:
     skip_unless(name, name != "docker", "docker limits the CPU rate (--cpus), not CPU seconds")
-    skip_unless(name, name != "prime", "the service bounds CPU cores, not CPU seconds")
+    skip_unless(name, takes(name, "cpu_s"), "has no CPU seconds limit")
 
     async def body(rt: Runtime) -> None:
         result = await rt.run(f"echo {marker} >/dev/null; while :; do :; done", timeout=30)
@@ -406,7 +430,8 @@ def test_host_secrets_are_invisible(
 def test_host_files_are_invisible(
     name: str, make: Callable[..., Runtime], marker: str, tmp_path: Path
 ) -> None:
-    skip_unless(name, name != "subprocess", "runs on the host filesystem")
+    skip_unless(name, declares(name, Capability.TASK_IMAGE) or declares(name, Capability.REMOTE),
+                "runs on the host filesystem")  # fmt: skip
     secret = tmp_path / "host-secret.txt"
     secret.write_text(f"secret-{marker}")
     home = Path.home() / ".ssh"
@@ -441,13 +466,12 @@ KILLED_RUN = textwrap.dedent("""\
 
 
 def test_nothing_is_left_after_a_sigkill_of_metrale(name: str, marker: str) -> None:
-    reasons = {
-        "subprocess": "no supervisor outside metrale: a SIGKILLed run leaves its commands",
+    why = {
         "ray-bwrap": "Ray kills a dead driver's actors itself",
-        "prime": "a remote sandbox outlives a killed run until `metrale cleanup --runtime "
-        "prime` (tests/runtime/test_prime.py)",
-    }
-    skip_unless(name, name in ("bwrap", "docker"), reasons.get(name, ""))
+        "prime": "a remote sandbox outlives a killed run until `metrale cleanup --runtime prime` "
+        "(tests/runtime/test_prime.py)",
+    }.get(name, "no supervisor outside metrale: a SIGKILLed run leaves its commands")
+    skip_unless(name, name in ("bwrap", "docker") and declares(name, Capability.LEFTOVERS), why)
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLED_RUN, name, marker],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -71,7 +71,7 @@ def test_a_5_per_s_creation_limit_is_retried_and_counted(sim: Sim, tmp_path: Pat
 def test_stuck_creations_fail_with_runtime_start_and_are_deleted(sim: Sim, tmp_path: Path) -> None:
     with prime_emulator("--stuck", "0.1", "--seed", "4") as emulator:
         result = run_gsm8k(
-            sim, emulator, tmp_path / "run", "--rollouts", "64", "--start-timeout", "4"
+            sim, emulator, tmp_path / "run", "--rollouts", "64", "--prime-start-timeout", "4"
         )
         assert emulator.left() == []
     failed = [r for r in records(tmp_path / "run") if r["error"]]
