@@ -5,10 +5,9 @@ Control plane (REST under `/api/v1`, `Authorization: Bearer <api key>`): `POST /
 (idempotent by `idempotency_key`), `GET`/`DELETE /sandbox/{id}`, `GET /sandbox` (by labels,
 paged), bulk `DELETE /sandbox` (`sandbox_ids` or `labels`), `POST /sandbox/status:batchGet`
 (at most 100 ids), `POST /sandbox/{id}/auth` (the gateway's URL and a token),
-`GET /sandbox/{id}/error-context`. Data plane (the gateway, `/gateway/<ns>/<sandbox id>/...`
-with the sandbox's token): the Connect RPC server stream `command_session.CommandSession/Start`
-(binary protobuf with the SDK's own messages: a start event, data events, an end event), and
-multipart `upload`, `download`. Anything else answers 501 naming the route.
+`GET /sandbox/{id}/error-context`. Data plane: the gateway (`prime_gateway`), at
+`/gateway/<ns>/<sandbox id>/...` with the sandbox's token. Anything else answers 501 naming
+the route.
 
 A creation is answered at once with a PENDING sandbox; its real sandbox starts in the
 background after the injected latency (`faults`), then it is RUNNING. Over the creation rate
@@ -19,12 +18,9 @@ start is in flight is deleted when the start returns, as the real service must.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import importlib
 import json
 import logging
 import secrets
-import struct
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -32,21 +28,17 @@ from typing import Any
 
 from aiohttp import web
 
-from metrale.runtime.base import ProgramResult, SandboxLostError
-from metrale.sandbox_sim.backend import Backend, SandboxGone
+from metrale.sandbox_sim.backend import Backend
 from metrale.sandbox_sim.faults import Faults
+from metrale.sandbox_sim.prime_gateway import PrimeGateway
 from metrale.sandbox_sim.server import HttpEmulator
 
 logger = logging.getLogger(__name__)
 
 API = "/api/v1"
-START_RPC = "command_session.CommandSession/Start"
 #: the SDK's own bound on one status batch
 BATCH_MAX = 100
-#: one Connect data message carries at most this much output
-CHUNK = 1 << 20
 DEFAULT_API_KEY = "sim-prime-key"
-PB_MODULE = "prime_sandboxes._proto.command_session.command_session_pb2"
 
 
 def _now() -> str:
@@ -90,16 +82,7 @@ class PrimeSandbox:
         }  # fmt: skip
 
 
-def _envelope(flags: int, payload: bytes) -> bytes:
-    return struct.pack(">BI", flags, len(payload)) + payload
-
-
-def _end_stream(error: tuple[str, str] | None = None) -> bytes:
-    body = {} if error is None else {"error": {"code": error[0], "message": error[1]}}
-    return _envelope(0x02, json.dumps(body).encode())
-
-
-class PrimeEmulator(HttpEmulator):
+class PrimeEmulator(PrimeGateway, HttpEmulator):
     def __init__(self, backend: Backend, faults: Faults, api_key: str = DEFAULT_API_KEY) -> None:
         super().__init__(backend, faults)
         self.api_key = api_key
@@ -127,9 +110,7 @@ class PrimeEmulator(HttpEmulator):
         r.add_delete(f"{API}/sandbox/{{id}}", self.delete)
         r.add_post(f"{API}/sandbox/{{id}}/auth", self.auth)
         r.add_get(f"{API}/sandbox/{{id}}/error-context", self.error_context)
-        r.add_post(f"/gateway/{{ns}}/{{id}}/{START_RPC}", self.start_command)
-        r.add_post("/gateway/{ns}/{id}/upload", self.upload)
-        r.add_get("/gateway/{ns}/{id}/download", self.download)
+        self.gateway_routes(app)
 
     # ------------------------------------------------------------------ control plane
 
@@ -310,134 +291,8 @@ class PrimeEmulator(HttpEmulator):
             "errorMessage": sandbox.error_message,
         })  # fmt: skip
 
-    # ------------------------------------------------------------------ gateway
-
-    def _gateway_sandbox(self, request: web.Request) -> PrimeSandbox | None:
-        """The running sandbox a gateway call names, or None (gone); 401 on a bad token."""
-        sandbox = self.sandboxes.get(request.match_info["id"])
-        if sandbox is None or sandbox.backend_id is None:
-            return None
-        if request.headers.get("Authorization") != f"Bearer {sandbox.token}":
-            raise web.HTTPUnauthorized(text="bad gateway token")
-        return sandbox
-
-    async def start_command(self, request: web.Request) -> web.StreamResponse:
-        pb: Any = importlib.import_module(
-            "prime_sandboxes._proto.command_session.command_session_pb2"
-        )
-
-        response = web.StreamResponse(headers={"Content-Type": "application/connect+proto"})
-        try:
-            sandbox = self._gateway_sandbox(request)
-        except web.HTTPUnauthorized:
-            return await self._finish(request, response, ("unauthenticated", "bad token"))
-        if sandbox is None or sandbox.backend_id is None:
-            return await self._finish(request, response, ("not_found", "sandbox not found"))
-        raw = await request.read()
-        start = pb.StartRequest()
-        start.ParseFromString(raw[5:])
-        spec = start.command
-        deadline_ms = request.headers.get("connect-timeout-ms")
-        timeout = int(deadline_ms) / 1000 if deadline_ms and deadline_ms.isdigit() else None
-        await response.prepare(request)
-        event = pb.StartResponse()
-        event.event.start.pid = 1
-        await response.write(_envelope(0, event.SerializeToString()))
-        argv = [spec.cmd, *spec.args]
-        if self.faults.gateway_fails():
-            return await self._fail_gateway(request, response, sandbox, argv)
-        try:
-            result = await self.backend.exec(
-                sandbox.backend_id, argv, env=dict(spec.envs), cwd=spec.cwd or None,
-                timeout=timeout,
-            )  # fmt: skip
-        except (SandboxLostError, SandboxGone) as exc:
-            if not sandbox.deleted:
-                sandbox.status, sandbox.error_type = "TERMINATED", "SANDBOX_LOST"
-                sandbox.error_message = str(exc)
-            return await self._finish(request, response, ("not_found", f"sandbox lost: {exc}"))
-        if result.timed_out:
-            return await self._finish(request, response, ("deadline_exceeded", "timed out"))
-        end = pb.StartResponse()
-        end.event.end.exit_code = result.exit_code
-        end.event.end.exited = True
-        messages = [*_data_events(pb, result), end.SerializeToString()]
-        with contextlib.suppress(ConnectionResetError):  # the client gave up (its deadline)
-            for message in messages:
-                await response.write(_envelope(0, message))
-        return await self._finish(request, response, None)
-
-    async def _fail_gateway(
-        self,
-        request: web.Request,
-        response: web.StreamResponse,
-        sandbox: PrimeSandbox,
-        argv: list[str],
-    ) -> web.StreamResponse:
-        """The injected gateway failure: the command starts, then its stream breaks with no
-        end message (the command is killed with it)."""
-        assert sandbox.backend_id is not None
-        run = asyncio.ensure_future(self.backend.exec(sandbox.backend_id, argv, timeout=60))
-        await asyncio.sleep(0.05)
-        run.cancel()
-        with contextlib.suppress(BaseException):
-            await run
-        logger.info("injected gateway failure mid-command in %s", sandbox.id)
-        if request.transport is not None:
-            request.transport.abort()
-        return response
-
-    async def _finish(
-        self, request: web.Request, response: web.StreamResponse, error: tuple[str, str] | None
-    ) -> web.StreamResponse:
-        with contextlib.suppress(ConnectionResetError):  # the client gave up (its deadline)
-            if not response.prepared:
-                await response.prepare(request)
-            await response.write(_end_stream(error))
-            await response.write_eof()
-        return response
-
-    async def upload(self, request: web.Request) -> web.Response:
-        sandbox = self._gateway_sandbox(request)
-        if sandbox is None or sandbox.backend_id is None:
-            return web.json_response({"error": "sandbox_terminated"}, status=410)
-        path = request.query.get("path", "")
-        data = b""
-        reader = await request.multipart()
-        async for part in reader:
-            if getattr(part, "name", None) == "file":
-                data = await part.read()  # type: ignore[union-attr]
-        try:
-            await self.backend.write(sandbox.backend_id, path, data)
-        except OSError as exc:
-            return web.json_response({"detail": str(exc)}, status=400)
-        return web.json_response(
-            {"success": True, "path": path, "size": len(data), "timestamp": _now()}
-        )
-
-    async def download(self, request: web.Request) -> web.Response:
-        sandbox = self._gateway_sandbox(request)
-        if sandbox is None or sandbox.backend_id is None:
-            return web.json_response({"error": "sandbox_terminated"}, status=410)
-        try:
-            data = await self.backend.read(sandbox.backend_id, request.query.get("path", ""))
-        except OSError as exc:
-            return web.json_response({"detail": str(exc)}, status=404)
-        return web.Response(body=data, content_type="application/octet-stream")
-
     async def stop(self) -> None:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await super().stop()
-
-
-def _data_events(pb: Any, result: ProgramResult) -> list[bytes]:
-    events = []
-    for stream, text in (("stdout", result.stdout), ("stderr", result.stderr)):
-        data = text.encode()
-        for offset in range(0, len(data), CHUNK):
-            message = pb.StartResponse()
-            setattr(message.event.data, stream, data[offset : offset + CHUNK])
-            events.append(message.SerializeToString())
-    return events
