@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("rollout", ("metrale.rollout",)),
     ("agent", ("metrale.agent",)),
     ("plugin", ("metrale.plugin",)),
+    ("sandbox_sim", ("metrale.sandbox_sim",)),
     ("runtime", ("metrale.runtime",)),
     ("endpoint", ("metrale.endpoint",)),
     (

@@ -20,7 +20,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from metrale import __version__
-from metrale.cli import cleanup, compare, listing, matrix, plot, report, run, sandbox_exec, sim
+from metrale.cli import (
+    cleanup,
+    compare,
+    listing,
+    matrix,
+    plot,
+    report,
+    run,
+    sandbox_exec,
+    sandbox_sim,
+    sim,
+)
 from metrale.cli.logs import configure as configure_logging
 from metrale.cli.parsing import Parser
 from metrale.errors import EXIT_USAGE, MetraleError
@@ -31,7 +42,7 @@ if TYPE_CHECKING:
 
 #: `metrale list` is `listing` and `metrale exec` is `sandbox_exec`: modules named `list` and
 #: `exec` would shadow the builtins in this package's namespace
-COMMANDS = (run, listing, sim, matrix, report, plot, compare, sandbox_exec, cleanup)
+COMMANDS = (run, listing, sim, sandbox_sim, matrix, report, plot, compare, sandbox_exec, cleanup)
 
 
 DESCRIPTION = """\

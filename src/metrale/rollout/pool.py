@@ -329,12 +329,15 @@ async def _start_runtime(plan: RolloutPlan, record: RolloutRecord) -> Runtime:
     while True:
         runtime = plan.make_runtime(record.index)
         try:
-            if plan.limiter is None:
-                await runtime.start()
-            else:
-                async with plan.limiter.slot() as slot:
-                    record.setup_wait_s = (record.setup_wait_s or 0.0) + slot.waited_s
+            try:
+                if plan.limiter is None:
                     await runtime.start()
+                else:
+                    async with plan.limiter.slot() as slot:
+                        record.setup_wait_s = (record.setup_wait_s or 0.0) + slot.waited_s
+                        await runtime.start()
+            finally:  # a remote runtime's own retries of a refused creation (rate limit, quota)
+                record.runtime_retries += getattr(runtime, "start_retries", 0)
             return runtime
         except BaseException as exc:
             await finish(runtime.stop())

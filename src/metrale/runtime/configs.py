@@ -15,10 +15,11 @@ import os
 import shutil
 import socket
 import subprocess
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, Field, PrivateAttr, TypeAdapter, ValidationError
 
 from metrale.bounds import (
     CPUS,
@@ -248,8 +249,83 @@ class RayConfig(RuntimeConfig):
         return own
 
 
+class ModalConfig(RuntimeConfig):
+    """A Modal sandbox per rollout, through the official SDK (extra `metrale[modal]`); the
+    credentials are the SDK's own (MODAL_TOKEN_ID / MODAL_TOKEN_SECRET or its config file)."""
+
+    type: Literal["modal"] = "modal"
+    image: str = Field(
+        default="debian:bookworm-slim", description="registry image (Image.from_registry)"
+    )
+    dockerfile: str | None = Field(
+        default=None, description="a Dockerfile to build the image from (Image.from_dockerfile)"
+    )
+    app: str = Field(default="metrale", description="app name prefix: one app <app>-<run> a run")
+    cpu: float | None = Field(default=1.0, description="CPU cores reserved", **pydantic_range(CPUS))
+    memory_mb: int | None = Field(
+        default=2048, description="memory reserved (MiB)", **pydantic_range(MEMORY_MB)
+    )
+    timeout_s: int = Field(
+        default=3600,
+        description="the sandbox's lifetime: the service terminates it after this",
+        **pydantic_range(Bound(10, 86400, integer=True, unit="s")),
+    )
+    start_timeout_s: float = Field(
+        default=300.0,
+        description="a sandbox not running this long after its creation is a runtime_start "
+        "error, and is terminated",
+        **pydantic_range(Bound(1, 3600, unit="s")),
+    )
+    create_retries: int = Field(
+        default=12,
+        description="retries (exponential backoff) of a creation refused for a rate limit or "
+        "quota (RESOURCE_EXHAUSTED), each counted as a runtime retry",
+        **pydantic_range(Bound(0, 1000, integer=True, unit="retries")),
+    )
+    network: bool = Field(default=False, description="outbound network (off: block_network)")
+    workdir: str = Field(default="/work", pattern="^/", description="the sandbox's workdir")
+    env: dict[str, str] = Field(default_factory=dict, description="the sandbox's environment")
+    _run_id: str = PrivateAttr(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    @property
+    def run_id(self) -> str:
+        """This run's id (one config object per run): its app and every sandbox's tag."""
+        return self._run_id
+
+    def app_name(self) -> str:
+        return f"{self.app}-{self.run_id}"
+
+    def create(self, throttle: Throttle | None = None) -> Runtime:
+        from metrale.runtime.modal import ModalRuntime
+
+        return ModalRuntime(self, throttle)
+
+    def check(self) -> None:
+        from metrale.runtime.modal import check_modal
+
+        check_modal(self)
+
+    @classmethod
+    def from_flat(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """`memory_mb` is the sandbox's own field; other limits are not."""
+        limits = [k for k in _LIMIT_KEYS if k in options and k not in cls.model_fields]
+        if limits:
+            unknown_options(cls, {k: options[k] for k in limits})
+        return super().from_flat(options)
+
+    @classmethod
+    def flat_keys(cls) -> list[str]:
+        return [k for k in cls.model_fields if k != "type"]
+
+
 #: The registered runtimes: adding one is its config class and its entry here.
-CONFIGS: tuple[type[RuntimeConfig], ...] = (SubprocessConfig, BwrapConfig, DockerConfig, RayConfig)
+CONFIGS: tuple[type[RuntimeConfig], ...] = (
+    SubprocessConfig,
+    BwrapConfig,
+    DockerConfig,
+    RayConfig,
+    ModalConfig,
+)
 RUNTIMES: tuple[str, ...] = tuple(c.model_fields["type"].default for c in CONFIGS)
 _BY_NAME: dict[str, type[RuntimeConfig]] = dict(zip(RUNTIMES, CONFIGS, strict=True))
 # the union of whatever CONFIGS holds: pydantic reads it at run time, mypy cannot

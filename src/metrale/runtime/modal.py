@@ -1,0 +1,332 @@
+"""The modal runtime: one Modal sandbox per rollout, through the official SDK's `.aio` API
+(extra `metrale[modal]`, pinned: the SDK's wire API is private).
+
+- One app per run (`<app>-<run id>`), looked up once; every sandbox carries tags naming the
+  run, its owner (pid and host) and itself (`metrale.box`), so `metrale cleanup --runtime
+  modal` finds the sandboxes of dead runs, and a sandbox whose creation was interrupted before
+  its id came back is still found and terminated.
+- `start()` is `Sandbox.create("sleep", "infinity", ...)` of `Image.from_registry(image)` (or
+  `Image.from_dockerfile(dockerfile)` for a task image). RESOURCE_EXHAUSTED (the service's
+  creation rate limit or quota) is retried with exponential backoff and jitter, each retry
+  counted (`start_retries`, added to the rollout's runtime retries); a sandbox not running
+  within `start_timeout_s` is a `runtime_start` error and is terminated.
+- Commands are `exec` with stdout and stderr streamed into capped buffers (head and tail kept,
+  as every runtime does); files go through the SDK's filesystem API. A sandbox or router that
+  goes away under a command is `runtime_lost`.
+- Credentials stay in the SDK's own configuration (MODAL_TOKEN_ID / MODAL_TOKEN_SECRET or its
+  config file): the config holds none, and a sandbox gets only `env` and a command's own env.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import posixpath
+import random
+import socket
+import time
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from metrale.runtime.base import (
+    ProgramResult,
+    RuntimeBase,
+    RuntimeStartError,
+    SandboxLostError,
+    Throttle,
+)
+from metrale.runtime.procs import CappedBuffer
+
+if TYPE_CHECKING:
+    from metrale.runtime.cleanup import CleanupReport
+    from metrale.runtime.configs import ModalConfig
+
+logger = logging.getLogger(__name__)
+
+TAG = "metrale.sandbox"
+RUN_TAG = f"{TAG}.run"
+PID_TAG = f"{TAG}.pid"
+HOST_TAG = f"{TAG}.host"
+BOX_TAG = f"{TAG}.box"
+#: Backoff after a RESOURCE_EXHAUSTED creation: first wait, and the most any wait grows to.
+BACKOFF_S = (0.5, 20.0)
+#: Seconds past a command's timeout before the client stops waiting for the service's kill.
+CLIENT_GRACE_S = 10.0
+#: How long stopping a sandbox may take before it is left to `metrale cleanup`.
+STOP_TIMEOUT_S = 60.0
+EXTRA = "the modal runtime needs the modal extra: pip install 'metrale[modal]'"
+
+
+class ModalRuntime(RuntimeBase):
+    config: ModalConfig
+
+    def __init__(self, config: ModalConfig, throttle: Throttle | None = None) -> None:
+        super().__init__(config, throttle)
+        self.box = uuid.uuid4().hex
+        self.start_retries = 0
+        self._sandbox: Any = None
+        self._creating: asyncio.Future[Any] | None = None
+        self._app: Any = None
+
+    def tags(self) -> dict[str, str]:
+        return {
+            TAG: "1",
+            RUN_TAG: self.config.run_id,
+            PID_TAG: str(os.getpid()),
+            HOST_TAG: socket.gethostname(),
+            BOX_TAG: self.box,
+        }
+
+    async def start(self) -> None:
+        await self._await_throttle()
+        try:
+            import modal
+            from modal.exception import ResourceExhaustedError
+        except ImportError:
+            raise RuntimeStartError(EXTRA) from None
+        cfg = self.config
+        deadline = time.monotonic() + cfg.start_timeout_s
+        try:
+            self._app = await modal.App.lookup.aio(cfg.app_name(), create_if_missing=True)
+            image = self._image(modal)
+        except (modal.exception.Error, OSError) as exc:
+            raise RuntimeStartError(f"modal: {_brief(exc)}") from None
+        while True:
+            self._creating = asyncio.ensure_future(self._create(modal, image))
+            left = deadline - time.monotonic()
+            try:
+                self._sandbox = await asyncio.wait_for(asyncio.shield(self._creating), left)
+                self._creating = None
+                return
+            except TimeoutError:
+                raise RuntimeStartError(
+                    f"modal sandbox not running within {cfg.start_timeout_s:g} s"
+                ) from None
+            except ResourceExhaustedError as exc:
+                self._creating = None
+                self.start_retries += 1
+                wait = min(BACKOFF_S[1], BACKOFF_S[0] * 2 ** (self.start_retries - 1))
+                wait *= random.uniform(0.5, 1.0)
+                if self.start_retries > cfg.create_retries or time.monotonic() + wait > deadline:
+                    raise RuntimeStartError(
+                        f"modal refused the sandbox {self.start_retries} times: {_brief(exc)}"
+                    ) from None
+                logger.info("modal: %s; retry %d in %.1f s", _brief(exc), self.start_retries, wait)
+                await asyncio.sleep(wait)
+            except (modal.exception.Error, OSError) as exc:
+                self._creating = None
+                raise RuntimeStartError(f"modal: {_brief(exc)}") from None
+
+    async def _create(self, modal: Any, image: Any) -> Any:
+        cfg = self.config
+        return await modal.Sandbox.create.aio(
+            "sleep",
+            "infinity",
+            app=self._app,
+            image=image,
+            cpu=cfg.cpu,
+            memory=cfg.memory_mb,
+            timeout=cfg.timeout_s,
+            workdir=cfg.workdir,
+            block_network=not cfg.network,
+            tags=self.tags(),
+        )
+
+    def _image(self, modal: Any) -> Any:
+        if self.config.dockerfile:
+            return modal.Image.from_dockerfile(self.config.dockerfile)
+        return modal.Image.from_registry(self.config.image)
+
+    async def stop(self) -> None:
+        """Terminate the sandbox; a creation still in flight is awaited and its sandbox (found
+        by this runtime's own tag if its id never came back) terminated too. Idempotent."""
+        creating, self._creating = self._creating, None
+        if creating is not None:
+            creating.cancel()
+            with contextlib.suppress(BaseException):
+                self._sandbox = await asyncio.wait_for(creating, STOP_TIMEOUT_S)
+        sandbox, self._sandbox = self._sandbox, None
+        if sandbox is not None:
+            await _terminate(sandbox)
+        if creating is not None:
+            await self._terminate_tagged()
+
+    async def _terminate_tagged(self) -> None:
+        import modal
+
+        try:
+            async for sandbox in modal.Sandbox.list.aio(
+                app_id=getattr(self._app, "app_id", None), tags={BOX_TAG: self.box}
+            ):
+                await _terminate(sandbox)
+        except (modal.exception.Error, OSError) as exc:
+            logger.warning("modal: cannot look for sandbox %s to stop it: %s", self.box, exc)
+
+    async def execute(
+        self,
+        argv: list[str],
+        *,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        timeout: float | None,
+    ) -> ProgramResult:
+        import modal
+
+        sandbox = self._live()
+        merged = {**self.config.env, **(env or {})}
+        started = time.perf_counter()
+        out, err = (
+            CappedBuffer(self.config.output_cap_bytes),
+            CappedBuffer(self.config.output_cap_bytes),
+        )
+        try:
+            process = await sandbox.exec.aio(
+                *argv,
+                workdir=self._path(cwd) if cwd else self.config.workdir,
+                env=merged or None,
+                timeout=max(1, math.ceil(timeout)) if timeout else None,
+                text=False,
+            )
+            waited = asyncio.gather(
+                _drain(process.stdout, out), _drain(process.stderr, err), process.wait.aio()
+            )
+            bound = timeout + CLIENT_GRACE_S if timeout else None
+            *_, code = await asyncio.wait_for(waited, bound)
+        except TimeoutError:
+            code = 124
+        except (modal.exception.Error, OSError) as exc:
+            raise SandboxLostError(f"modal sandbox lost under a command: {_brief(exc)}") from None
+        duration = time.perf_counter() - started
+        timed_out = timeout is not None and duration >= timeout and code != 0
+        return ProgramResult(
+            exit_code=124 if timed_out else int(code),
+            stdout=out.text(),
+            stderr=err.text(),
+            timed_out=timed_out,
+            duration_s=duration,
+            stdout_dropped=out.dropped,
+            stderr_dropped=err.dropped,
+        )
+
+    async def read(self, path: str) -> bytes:
+        import modal
+
+        try:
+            data: bytes = await self._live().filesystem.read_bytes.aio(self._path(path))
+            return data
+        except modal.exception.SandboxFilesystemNotFoundError as exc:
+            raise FileNotFoundError(f"{path}: {exc}") from None
+        except modal.exception.SandboxFilesystemError as exc:
+            raise OSError(f"{path}: {exc}") from None
+        except (modal.exception.Error, OSError) as exc:
+            raise SandboxLostError(f"modal sandbox lost reading {path}: {_brief(exc)}") from None
+
+    async def write(self, path: str, data: bytes | str) -> None:
+        import modal
+
+        payload = data.encode() if isinstance(data, str) else data
+        try:
+            await self._live().filesystem.write_bytes.aio(payload, self._path(path))
+        except modal.exception.SandboxFilesystemError as exc:
+            raise OSError(f"cannot write {path}: {exc}") from None
+        except (modal.exception.Error, OSError) as exc:
+            raise SandboxLostError(f"modal sandbox lost writing {path}: {_brief(exc)}") from None
+
+    def _live(self) -> Any:
+        if self._sandbox is None:
+            raise SandboxLostError("the modal sandbox is not running")
+        return self._sandbox
+
+    def _path(self, path: str) -> str:
+        """The SDK takes absolute paths; a relative one is under the workdir, as elsewhere."""
+        return posixpath.normpath(posixpath.join(self.config.workdir, path))
+
+
+async def _drain(stream: Any, into: CappedBuffer) -> None:
+    async for chunk in stream:
+        into.add(chunk if isinstance(chunk, bytes) else chunk.encode())
+
+
+async def _terminate(sandbox: Any) -> None:
+    """Terminate and let go of a sandbox; one already gone is not an error."""
+    import modal
+
+    try:
+        await asyncio.wait_for(sandbox.terminate.aio(), STOP_TIMEOUT_S)
+    except (modal.exception.Error, OSError, TimeoutError) as exc:
+        if not isinstance(exc, modal.exception.NotFoundError):
+            logger.warning("modal: terminating %s failed: %s", sandbox.object_id, _brief(exc))
+    with contextlib.suppress(Exception):
+        await sandbox.detach.aio()
+
+
+def _brief(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
+
+
+def check_modal(config: ModalConfig) -> None:
+    """The extra, the credentials and the service, each named, before any work."""
+    from metrale.errors import UsageError
+
+    try:
+        from modal.config import config as sdk_config
+    except ImportError:
+        raise UsageError(EXTRA) from None
+    if not (sdk_config.get("token_id") and sdk_config.get("token_secret")):
+        raise UsageError(
+            "modal runtime: no credentials; set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET "
+            "(or run 'modal token new')"
+        )
+    url = str(sdk_config.get("server_url"))
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname or "", port), timeout=5).close()
+    except OSError as exc:
+        raise UsageError(
+            f"modal runtime: nothing answers at {url} (MODAL_SERVER_URL): {exc}"
+        ) from None
+
+
+async def clean_modal(report: CleanupReport, *, everything: bool) -> None:
+    """Terminate the sandboxes of dead runs of this host (with `everything`: all of them)."""
+    import modal
+
+    host = socket.gethostname()
+    tags = {TAG: "1"} if everything else {TAG: "1", HOST_TAG: host}
+    with _quiet_deprecation():
+        found = [sb async for sb in modal.Sandbox.list.aio(tags=tags)]
+    for sandbox in found:
+        owner = await sandbox.get_tags.aio()
+        pid = owner.get(PID_TAG, "")
+        alive = owner.get(HOST_TAG) == host and _metrale_alive(pid)
+        if alive and not everything:
+            report.kept.append(f"modal sandbox {sandbox.object_id} (run of live pid {pid})")
+            continue
+        await _terminate(sandbox)
+        report.removed.append(f"modal sandbox {sandbox.object_id}")
+
+
+def _metrale_alive(pid: str) -> bool:
+    try:
+        return pid.isdigit() and b"metrale" in open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _quiet_deprecation() -> Any:
+    """Listing by tag without an app id warns of a future change; the cleanup of dead runs
+    cannot know their apps' ids, and the warning is not the user's to act on."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
