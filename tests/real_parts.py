@@ -70,6 +70,7 @@ REAL_FILES = frozenset({
     "tests/runtime/test_docker_read.py",
     "tests/benchmarks/terminal_bench/test_shipped.py",
     "tests/matrix/test_html.py",
+    "tests/sandbox_sim/test_backend.py",
 })  # fmt: skip
 
 #: Parameter ids (split on "-") that name a real runtime.

@@ -6,7 +6,7 @@ does: deferring it (to keep start-up fast, or an extra optional) changes when it
 not that the module depends on the other, so a circle closed by a deferred import is a circle.
 
 The order, top first, is the one in docs/architecture.md: cli > matrix > runner > benchmarks >
-rollout > agent > plugin > runtime > endpoint > neutral.
+rollout > agent > plugin > sandbox_sim > runtime > endpoint > neutral.
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from metrale.runtime.base import CleanupReport
+from metrale.runtime.bwrap_leftovers import clean_bwrap
 from metrale.runtime.cgroups import own_cgroup
-from metrale.runtime.cleanup import CleanupReport, clean_bwrap
 from tests.runtime.engine import labelled_containers, require_engine
 
 

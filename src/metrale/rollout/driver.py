@@ -39,6 +39,7 @@ from metrale.plugin.lifecycle import BenchmarkBase
 from metrale.rollout.pool import Progress, RolloutPlan, run_rollouts
 from metrale.rollout.records import RolloutRecord, RolloutTask
 from metrale.rollout.summary import ROLLOUT_METRICS, build_summary, sampled
+from metrale.runtime.base import Capability
 from metrale.stats import Spread
 
 if TYPE_CHECKING:
@@ -50,11 +51,12 @@ class RolloutBenchmark(BenchmarkBase):
 
     default_rollouts: ClassVar[int] = 64
     max_rollouts: ClassVar[int] = 1_000_000
-    #: the runtimes this benchmark can run in (None: any); a runtime outside it is refused
-    runtimes: ClassVar[tuple[str, ...] | None] = None
+    #: what a runtime must provide to run this benchmark (`Capability`); one that lacks any is
+    #: refused, naming the installed runtimes that have them all
+    needs: ClassVar[frozenset[Capability]] = frozenset()
     #: the runtime used when the user gives none (None: rollouts run in metrale's process)
     default_runtime: ClassVar[str | None] = None
-    #: why `runtimes` is what it is, said when a runtime is refused
+    #: why `needs` is what it is, said when a runtime is refused
     runtime_reason: ClassVar[str] = ""
     #: its own parameters that a sweep may vary, beyond rollouts and max_concurrent
     extra_axes: ClassVar[tuple[str, ...]] = ()
@@ -102,11 +104,16 @@ class RolloutBenchmark(BenchmarkBase):
             from metrale.runtime.configs import runtime_config
 
             return runtime_config(str(self.default_runtime))
-        if self.runtimes is not None and name not in self.runtimes:
+        lacking = runtime.lacks(self.needs) if runtime is not None else frozenset()
+        if lacking:
+            from metrale.runtime.registry import config_classes
+
             why = f" ({self.runtime_reason})" if self.runtime_reason else ""
+            # a runtime holding another (ray) is named by its own, as `lacks` judges it
+            accepted = [n for n, c in config_classes().items() if self.needs <= c.capabilities]
             raise UsageError(
-                f"{self.descriptor.id} cannot run in the {name} runtime{why}; "
-                f"accepted: {', '.join(self.runtimes)}"
+                f"{self.descriptor.id} cannot run in the {name} runtime{why}: it lacks "
+                f"{', '.join(sorted(lacking))}; accepted: {', '.join(accepted) or '(none)'}"
             )
         if runtime is not None and runtime.pool and not self.warm_pool:
             raise UsageError(

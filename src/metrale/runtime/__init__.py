@@ -14,7 +14,6 @@ from metrale.runtime.base import ProgramResult, Runtime, RuntimeConfig, RuntimeS
 if TYPE_CHECKING:
     from metrale.runtime.configs import (
         RUNTIMES,
-        AnyRuntimeConfig,
         Bind,
         BwrapConfig,
         DockerConfig,
@@ -30,7 +29,7 @@ if TYPE_CHECKING:
 
 _LAZY = {
     **dict.fromkeys(
-        ["RUNTIMES", "AnyRuntimeConfig", "Bind", "BwrapConfig", "DockerConfig", "RayConfig",
+        ["RUNTIMES", "Bind", "BwrapConfig", "DockerConfig", "RayConfig",
          "SubprocessConfig", "check_runtime", "create_runtime", "parse_runtime_config",
          "runtime_config", "runtime_factory"],
         "metrale.runtime.configs",
@@ -48,7 +47,6 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "RUNTIMES",
-    "AnyRuntimeConfig",
     "Bind",
     "BwrapConfig",
     "DockerConfig",

@@ -8,8 +8,10 @@ process behind. Expected failures of a command (non-zero exit, timeout) are data
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
 from types import TracebackType
-from typing import Any, NoReturn, Protocol, Self, runtime_checkable
+from typing import Any, ClassVar, NoReturn, Protocol, Self, runtime_checkable
 
 from pydantic import BaseModel, Field, PrivateAttr
 
@@ -33,6 +35,67 @@ class SandboxLostError(RuntimeError):
     kind = "runtime_lost"
 
 
+class Capability(StrEnum):
+    """What a runtime can provide. Benchmarks ask for capabilities, never for runtime names, so
+    a runtime from another package serves every benchmark whose needs it declares."""
+
+    TASK_IMAGE = "task_image"
+    """runs a task's own container image (its file system, root inside it)"""
+    HOST_PATHS = "host_paths"
+    """shows chosen host paths inside the sandbox (a toolchain, a warm cache)"""
+    NETWORK_OFF = "network_off"
+    """a sandbox can be cut off from every network"""
+    BOUNDS = "bounds"
+    """per-sandbox memory and process bounds"""
+    REMOTE = "remote"
+    """sandboxes live on a remote service (they cost money and outlive a killed run)"""
+    LEFTOVERS = "leftovers"
+    """finds what dead runs left (`metrale cleanup`)"""
+    KILL_COMMANDS = "kill_commands"
+    """kills every process its commands started while the sandbox stays"""
+
+
+@dataclass(frozen=True)
+class TaskSandbox:
+    """What a task asks of the sandboxes its rollouts run in (terminal_bench: its task.toml and
+    its built image), for a runtime with `Capability.TASK_IMAGE` to fold into its config
+    (`RuntimeConfig.for_task`). The benchmark never needs to know which runtime it has."""
+
+    #: the task image's tag in the local engine (None: the build failed or is not done)
+    image: str | None = None
+    #: the image's exported root directory, for runtimes whose `image_form()` is "rootfs"
+    rootfs: str | None = None
+    #: the image's build context (its Dockerfile's directory), for runtimes that build remotely
+    context: str | None = None
+    #: where the agent starts (the image's WORKDIR, or task.toml's), None: the runtime's own
+    workdir: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    cpus: float | None = None
+    memory_mb: int | None = None
+    storage_mb: int | None = None
+    #: the task allows the internet: the runtime's own network setting stands; else none at all
+    internet: bool = False
+    #: absolute paths that must be writable besides the workdir (runtimes over a read-only root)
+    scratch: tuple[str, ...] = ()
+
+
+@dataclass
+class CleanupReport:
+    """What `metrale cleanup` removed, kept and noted, across every runtime's `cleanup`."""
+
+    removed: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"removed {item}" for item in self.removed]
+        out += [f"kept {item}" for item in self.kept]
+        out += self.notes
+        if not self.removed:
+            out.append("nothing to remove")
+        return out
+
+
 class ProgramResult(BaseModel):
     exit_code: int
     stdout: str
@@ -44,8 +107,17 @@ class ProgramResult(BaseModel):
 
 
 class RuntimeConfig(BaseModel):
-    """Base of every runtime's config; concrete configs set `type` to a literal."""
+    """Base of every runtime's config; concrete configs set `type` to a literal.
 
+    A runtime is a plugin: one module holding its config (this class's subclass) and its
+    runtime, registered under the `metrale.runtimes` entry-point group (`name =
+    "module:ConfigClass"`). The config says what the runtime can do (`capabilities`), creates it
+    (`create`), checks this machine can provide it (`check`) and removes what dead runs left
+    (`cleanup`). Every field with a `description` becomes a `--<name>-<field>` flag unless a
+    shared runtime flag already sets it."""
+
+    #: what this runtime provides (see `Capability`); benchmarks ask for these
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
     type: str
     output_cap_bytes: int = Field(default=1 << 20, **pydantic_range(BYTES))
     start_rate: float | None = Field(default=None, **pydantic_range(RATE_PER_S))
@@ -73,6 +145,32 @@ class RuntimeConfig(BaseModel):
 
     def check(self) -> None:
         """Raise UsageError when this machine cannot provide the runtime at all."""
+
+    def image_form(self) -> str | None:
+        """How this runtime takes a task's image: "tag" (the local engine's tag, or a registry
+        name a service resolves), "rootfs" (an exported root directory), None: it cannot."""
+        return None
+
+    def for_task(self, task: TaskSandbox) -> RuntimeConfig:
+        """This config adjusted for a task's sandbox (its image, WORKDIR, ENV, bounds, network);
+        only runtimes with `Capability.TASK_IMAGE` override it."""
+        raise UsageError(f"the {self.type} runtime cannot run a task's container image")
+
+    def with_paths(
+        self, read_only: Sequence[str], writable: Mapping[str, str]
+    ) -> tuple[RuntimeConfig, dict[str, str]]:
+        """This config showing host paths inside (`Capability.HOST_PATHS`): each of `read_only`
+        at its own path, each host path of `writable` writable, where the runtime can at the
+        inside path asked for. Returns the config and where each writable path is inside."""
+        raise UsageError(f"the {self.type} runtime cannot show host paths inside its sandboxes")
+
+    def cleanup(self, report: CleanupReport, *, everything: bool = False) -> None:
+        """Remove what dead runs of this runtime left (sandboxes, dirs, cgroups), never what a
+        live run uses (`everything`: also live runs' and other hosts'); report each."""
+
+    def lacks(self, needs: frozenset[Capability]) -> frozenset[Capability]:
+        """The capabilities of `needs` this runtime lacks (empty: it serves them all)."""
+        return needs - self.capabilities
 
     @classmethod
     def from_flat(cls, options: dict[str, Any]) -> dict[str, Any]:

@@ -1,173 +1,48 @@
-"""`metrale cleanup`: remove what killed runs left on this host, and nothing a live run uses.
+"""`metrale cleanup`: remove what killed runs left, and nothing a live run uses.
 
-- docker: containers with the `metrale.sandbox` label whose owning metrale process (the pid and
-  host labels) is gone; `--all` also removes those of live runs and of other hosts.
-- bwrap: sandbox cgroups `metrale-bwrap-*` (pids, memory) that no live run owns, with any
-  orphaned bwrap still in them killed; workdirs `metrale-bwrap-*` that neither a live cgroup
-  nor a live process's command line names.
-
-An absent engine is not an error here: there is nothing of it to clean.
+Each installed runtime that leaves anything behind (`Capability.LEFTOVERS`) finds its own
+(`RuntimeConfig.cleanup`): docker its labelled containers whose run is gone
+(`docker.clean_containers`), bwrap its cgroups and workdirs (`bwrap_leftovers`), a remote
+runtime the sandboxes its service still holds for dead runs. A runtime that cannot look (no
+engine, no credentials) says so in a note: there is nothing of it to clean from here.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import socket
-import subprocess
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from metrale.runtime.bwrap_setup import WORKDIR_PREFIX, leftover_cgroups, leftover_workdirs
-from metrale.runtime.cgroups import SandboxCgroup
-from metrale.runtime.docker import HOST_LABEL, LABEL, PID_LABEL, is_podman
+from metrale.errors import UsageError
+from metrale.runtime.base import Capability, CleanupReport
 
 
-@dataclass
-class CleanupReport:
-    removed: list[str] = field(default_factory=list)
-    kept: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+def cleanup(
+    runtimes: Sequence[str] | None = None,
+    *,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+    everything: bool = False,
+) -> CleanupReport:
+    """Blocking; asks each installed runtime (or those named) that finds its own leftovers to
+    remove those of dead runs, and reports what each removed and kept. `options`: flat config
+    options per runtime (`{"docker": {"cli": "podman"}}`). A runtime that cannot look (no
+    engine, no credentials) says so in a note; the others still clean."""
+    from metrale.runtime.configs import runtime_config
+    from metrale.runtime.registry import config_class, config_classes
 
-    def lines(self) -> list[str]:
-        out = [f"removed {item}" for item in self.removed]
-        out += [f"kept {item}" for item in self.kept]
-        out += self.notes
-        if not self.removed:
-            out.append("nothing to remove")
-        return out
-
-
-def _cmdlines() -> list[bytes]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                found.append(Path(f"/proc/{entry}/cmdline").read_bytes())
-    return found
-
-
-def _pid_alive(pid: str) -> bool:
-    return pid.isdigit() and Path(f"/proc/{pid}").exists()
-
-
-def _parent(pid: str) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[1]  # the field after the state
-
-
-def _owner_alive(name: str) -> bool:
-    """Whether the metrale process a sandbox's workdir or cgroup is named after
-    (`metrale-bwrap-<pid>-...`) is alive: a sandbox being started has its workdir and cgroup
-    before any process of its own names them, and must not be taken for a dead run's."""
-    pid = name[len(WORKDIR_PREFIX) :].split("-", 1)[0]
-    if not pid.isdigit():
-        return False
-    try:
-        return b"metrale" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-
-
-def _run_alive(procs: list[str]) -> bool:
-    """Whether a sandbox's processes still belong to a live run: one of them has a parent
-    outside the cgroup that is not init (metrale itself, for its bwrap and its commands). A
-    sandbox whose run died has been re-parented to init (an orphaned bwrap)."""
-    inside = set(procs)
-    for pid in procs:
-        parent = _parent(pid)
-        if parent is not None and parent not in inside and parent not in ("0", "1"):
-            return True
-    return False
-
-
-def clean_containers(cli: str, report: CleanupReport, *, everything: bool = False) -> None:
-    if shutil.which(cli) is None:
-        report.notes.append(f"docker: {cli!r} not on PATH, no containers to look at")
-        return
-    try:
-        listing = subprocess.run(
-            [cli, "ps", "-aq", "--filter", f"label={LABEL}"],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        report.notes.append(f"docker: '{cli} ps' did not answer in 60 s, containers not checked")
-        return
-    if listing.returncode != 0:
-        why = (listing.stderr.strip().splitlines() or ["no engine"])[-1][:200]
-        report.notes.append(f"docker: no engine answers {cli!r} ({why}), containers not checked")
-        return
-    ids = listing.stdout.split()
-    if not ids:
-        return
-    fmt = f'{{{{.Id}}}} {{{{index .Config.Labels "{PID_LABEL}"}}}} '
-    fmt += f'{{{{index .Config.Labels "{HOST_LABEL}"}}}} {{{{.Name}}}}'
-    inspect = subprocess.run(
-        [cli, "inspect", "--format", fmt, *ids], capture_output=True, text=True, timeout=120
-    )
-    here = socket.gethostname()
-    doomed = []
-    for line in inspect.stdout.splitlines():
-        parts = line.split()
-        if len(parts) < 4:
-            continue
-        cid, pid, host, name = parts[0], parts[1], parts[2], parts[3].lstrip("/")
-        if not everything and host != here:
-            report.kept.append(f"container {name} (made on host {host}; --all removes it)")
-        elif not everything and _pid_alive(pid):
-            report.kept.append(f"container {name} (its run, pid {pid}, is alive)")
-        else:
-            doomed.append((cid, name))
-    if doomed:
-        rm = [cli, "rm", "-f", *(["-t", "0"] if is_podman(cli) else [])]
-        subprocess.run([*rm, *(c for c, _ in doomed)], capture_output=True, timeout=300)
-        report.removed += [f"container {name}" for _, name in doomed]
-
-
-def clean_bwrap(report: CleanupReport, tmp: Path | None = None) -> None:
-    """Sandbox cgroups and workdirs of dead runs: a cgroup whose processes no live run owns is
-    emptied (an orphaned bwrap killed) and removed; a workdir is removed unless a live cgroup
-    or a live process's command line names it. `tmp`: look only there for workdirs."""
-    live: set[str] = set()
-    for cgroup in leftover_cgroups():
-        try:
-            procs = (cgroup / "cgroup.procs").read_text().split()
-        except OSError:
-            continue
-        if (procs and _run_alive(procs)) or _owner_alive(cgroup.name):
-            live.add(cgroup.name)
-            report.kept.append(f"cgroup {cgroup} ({len(procs)} live process(es))")
-            continue
-        # kills what a dead run left in it (an orphaned bwrap), then removes it
-        SandboxCgroup([cgroup], pids=False, memory=False).remove()
-        if cgroup.exists():
-            report.notes.append(f"could not remove cgroup {cgroup}")
-        else:
-            what = f" and its {len(procs)} orphaned process(es)" if procs else ""
-            report.removed.append(f"cgroup {cgroup}{what}")
-    cmdlines = _cmdlines()
-    workdirs = sorted(tmp.glob(f"{WORKDIR_PREFIX}*")) if tmp is not None else leftover_workdirs()
-    for workdir in workdirs:
-        if not workdir.is_dir() or workdir.is_symlink():
-            continue
-        needle = str(workdir).encode()
-        if workdir.name in live or _owner_alive(workdir.name) or any(needle in c for c in cmdlines):
-            report.kept.append(f"workdir {workdir} (its sandbox is alive)")
-            continue
-        shutil.rmtree(workdir, ignore_errors=True)
-        if workdir.exists():
-            report.notes.append(f"could not remove workdir {workdir} entirely")
-        else:
-            report.removed.append(f"workdir {workdir}")
-
-
-def cleanup(cli: str = "docker", *, everything: bool = False) -> CleanupReport:
-    """Blocking; removes leftovers of dead runs and reports what it removed and kept."""
     report = CleanupReport()
-    clean_containers(cli, report, everything=everything)
-    clean_bwrap(report)
+    classes = (
+        {name: config_class(name) for name in runtimes}
+        if runtimes is not None
+        else config_classes()
+    )
+    for name, cls in classes.items():
+        if Capability.LEFTOVERS not in cls.capabilities:
+            if runtimes is not None:
+                report.notes.append(f"{name}: leaves nothing behind to look for")
+            continue
+        try:
+            config = runtime_config(name, **dict((options or {}).get(name, {})))
+            config.cleanup(report, everything=everything)
+        except UsageError as exc:
+            report.notes.append(f"{name}: not checked: {exc}")
     return report

@@ -31,6 +31,7 @@ import io
 import os
 import posixpath
 import shlex
+import shutil
 import socket
 import subprocess
 import tarfile
@@ -38,15 +39,31 @@ import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, ClassVar, Literal
 
+from pydantic import Field
+
+from metrale.bounds import CPUS, MAX_PROCS, MEMORY_MB, pydantic_range
+from metrale.errors import UsageError
 from metrale.runtime import procs
-from metrale.runtime.base import ProgramResult, RuntimeBase, RuntimeStartError, Throttle
+from metrale.runtime.base import (
+    LIMIT_KEYS,
+    Capability,
+    CleanupReport,
+    ProgramResult,
+    Runtime,
+    RuntimeBase,
+    RuntimeConfig,
+    RuntimeStartError,
+    TaskSandbox,
+    Throttle,
+    unknown_options,
+)
 from metrale.runtime.procs import killpg, run_process, spawned
 
-if TYPE_CHECKING:  # its config, for types only: configs creates this runtime
-    from metrale.runtime.configs import DockerConfig
-
+#: The docker runtime's image: built offline by `bash scripts/container-engine.sh up`.
+DEFAULT_IMAGE = "metrale/base:bookworm"
+ENGINE_UP = "bash scripts/container-engine.sh up"
 LABEL = "metrale.sandbox"
 PID_LABEL = f"{LABEL}.pid"
 HOST_LABEL = f"{LABEL}.host"
@@ -364,3 +381,154 @@ def ensure_watchdog(cli: str) -> None:
         [cli, str(os.getpid()), socket.gethostname()],
         {**os.environ, "METRALE_DOCKER_WATCHDOG": str(os.getpid())},
     )
+
+
+class DockerConfig(RuntimeConfig):
+    """A container from any docker-compatible CLI, kept alive with `sleep infinity` under
+    `--init`. The default image is the one scripts/container-engine.sh builds from Debian's
+    packages (no registry needed); images are never pulled during a run."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {
+            Capability.TASK_IMAGE,
+            Capability.NETWORK_OFF,
+            Capability.BOUNDS,
+            Capability.LEFTOVERS,
+            Capability.KILL_COMMANDS,
+        }
+    )
+    type: Literal["docker"] = "docker"
+    image: str = DEFAULT_IMAGE
+    cli: str = "docker"
+    network: str = Field(default="none", description="none (default), bridge, host, ...")
+    cpus: float | None = Field(default=1.0, **pydantic_range(CPUS))
+    memory_mb: int | None = Field(
+        default=2048, description="RAM + swap of the container", **pydantic_range(MEMORY_MB)
+    )
+    max_procs: int | None = Field(
+        default=256, description="--pids-limit", **pydantic_range(MAX_PROCS)
+    )
+    workdir: str = Field(default="/work", pattern="^/")
+    env: dict[str, str] = Field(default_factory=dict)
+
+    def create(self, throttle: Throttle | None = None) -> Runtime:
+        return DockerRuntime(self, throttle)
+
+    def check(self) -> None:
+        check_docker(self)
+
+    @classmethod
+    def from_flat(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """`memory_mb` and `max_procs` are the container's own fields; other limits are not."""
+        limits = [k for k in LIMIT_KEYS if k in options and k not in cls.model_fields]
+        if limits:
+            unknown_options(cls, {k: options[k] for k in limits})
+        return super().from_flat(options)
+
+    @classmethod
+    def flat_keys(cls) -> list[str]:
+        return [k for k in cls.model_fields if k != "type"]
+
+    def image_form(self) -> str | None:
+        return "tag"
+
+    def for_task(self, task: TaskSandbox) -> RuntimeConfig:
+        """The task's image with its WORKDIR and ENV (the user's `--env` on top), task.toml's
+        CPUs and memory, and no network unless the task allows the internet."""
+        update: dict[str, Any] = {}
+        if task.image is not None:
+            update.update(image=task.image, workdir=task.workdir or "/",
+                          env={**task.env, **self.env})  # fmt: skip
+        if task.cpus is not None:
+            update["cpus"] = task.cpus
+        if task.memory_mb is not None:
+            update["memory_mb"] = task.memory_mb
+        if not task.internet:
+            update["network"] = "none"
+        return self.model_copy(update=update)
+
+    def cleanup(self, report: CleanupReport, *, everything: bool = False) -> None:
+        clean_containers(self.cli, report, everything=everything)
+
+
+def _engine_probe(argv: list[str], what: str) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except subprocess.TimeoutExpired:
+        raise UsageError(f"docker runtime: '{what}' did not answer in 30 s") from None
+    except OSError as exc:
+        raise UsageError(f"docker runtime: cannot run {argv[0]!r}: {exc}") from None
+
+
+def check_docker(config: DockerConfig) -> None:
+    """The CLI exists, an engine answers it, and the image is there (never pulled mid-run:
+    64 rollouts would pull it 64 times, timed as setup). Each failure names the fix."""
+    cli = config.cli
+    if shutil.which(cli) is None:
+        raise UsageError(
+            f"docker runtime: {cli!r} is not on PATH (pick one with --docker-cli); "
+            f"to install and start an engine: {ENGINE_UP}"
+        )
+    probe = _engine_probe([cli, "version", "--format", "{{.Server.Version}}"], f"{cli} version")
+    if probe.returncode != 0 or not probe.stdout.strip():
+        where = os.environ.get("DOCKER_HOST", "the default socket")
+        why = (probe.stderr.strip().splitlines() or ["no engine"])[-1][:200]
+        raise UsageError(
+            f"docker runtime: no container engine answers {cli!r} at {where} ({why}); "
+            f'start one with: eval "$({ENGINE_UP})"'
+        )
+    image = _engine_probe([cli, "image", "inspect", config.image], f"{cli} image inspect")
+    if image.returncode != 0:
+        hint = (
+            f"build it with: {ENGINE_UP}"
+            if config.image == DEFAULT_IMAGE
+            else f"'{cli} pull {config.image}' or build it first"
+        )
+        raise UsageError(f"docker runtime: image {config.image!r} is not in the engine; {hint}")
+
+
+def clean_containers(cli: str, report: CleanupReport, *, everything: bool = False) -> None:
+    if shutil.which(cli) is None:
+        report.notes.append(f"docker: {cli!r} not on PATH, no containers to look at")
+        return
+    try:
+        listing = subprocess.run(
+            [cli, "ps", "-aq", "--filter", f"label={LABEL}"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        report.notes.append(f"docker: '{cli} ps' did not answer in 60 s, containers not checked")
+        return
+    if listing.returncode != 0:
+        why = (listing.stderr.strip().splitlines() or ["no engine"])[-1][:200]
+        report.notes.append(f"docker: no engine answers {cli!r} ({why}), containers not checked")
+        return
+    ids = listing.stdout.split()
+    if not ids:
+        return
+    fmt = f'{{{{.Id}}}} {{{{index .Config.Labels "{PID_LABEL}"}}}} '
+    fmt += f'{{{{index .Config.Labels "{HOST_LABEL}"}}}} {{{{.Name}}}}'
+    inspect = subprocess.run(
+        [cli, "inspect", "--format", fmt, *ids], capture_output=True, text=True, timeout=120
+    )
+    here = socket.gethostname()
+    doomed = []
+    for line in inspect.stdout.splitlines():
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        cid, pid, host, name = parts[0], parts[1], parts[2], parts[3].lstrip("/")
+        if not everything and host != here:
+            report.kept.append(f"container {name} (made on host {host}; --all removes it)")
+        elif not everything and _pid_alive(pid):
+            report.kept.append(f"container {name} (its run, pid {pid}, is alive)")
+        else:
+            doomed.append((cid, name))
+    if doomed:
+        rm = [cli, "rm", "-f", *(["-t", "0"] if is_podman(cli) else [])]
+        subprocess.run([*rm, *(c for c, _ in doomed)], capture_output=True, timeout=300)
+        report.removed += [f"container {name}" for _, name in doomed]
+
+
+def _pid_alive(pid: str) -> bool:
+    return pid.isdigit() and Path(f"/proc/{pid}").exists()

@@ -30,20 +30,26 @@ import socket
 import time
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Literal
 
+from pydantic import Field, PrivateAttr
+
+from metrale.bounds import CPUS, MEMORY_MB, Bound, pydantic_range
+from metrale.errors import UsageError
 from metrale.runtime.base import (
+    Capability,
+    CleanupReport,
     ProgramResult,
+    Runtime,
     RuntimeBase,
+    RuntimeConfig,
     RuntimeStartError,
     SandboxLostError,
+    TaskSandbox,
     Throttle,
+    unknown_options,
 )
 from metrale.runtime.procs import CappedBuffer
-
-if TYPE_CHECKING:
-    from metrale.runtime.cleanup import CleanupReport
-    from metrale.runtime.configs import ModalConfig
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +65,113 @@ CLIENT_GRACE_S = 10.0
 #: How long stopping a sandbox may take before it is left to `metrale cleanup`.
 STOP_TIMEOUT_S = 60.0
 EXTRA = "the modal runtime needs the modal extra: pip install 'metrale[modal]'"
+_LIMIT_KEYS = ("cpu_s", "max_procs", "file_size_mb")
+
+
+class ModalConfig(RuntimeConfig):
+    """A Modal sandbox per rollout, through the official SDK (extra `metrale[modal]`); the
+    credentials are the SDK's own (MODAL_TOKEN_ID / MODAL_TOKEN_SECRET or its config file)."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.TASK_IMAGE, Capability.NETWORK_OFF, Capability.REMOTE, Capability.LEFTOVERS}
+    )
+    type: Literal["modal"] = "modal"
+    image: str = Field(
+        default="debian:bookworm-slim", description="registry image (Image.from_registry)"
+    )
+    dockerfile: str | None = Field(
+        default=None, description="a Dockerfile to build the image from (Image.from_dockerfile)"
+    )
+    app: str = Field(default="metrale", description="app name prefix: one app <app>-<run> a run")
+    cpu: float | None = Field(default=1.0, description="CPU cores reserved", **pydantic_range(CPUS))
+    memory_mb: int | None = Field(
+        default=2048, description="memory reserved (MiB)", **pydantic_range(MEMORY_MB)
+    )
+    timeout_s: int = Field(
+        default=3600,
+        description="the sandbox's lifetime: the service terminates it after this",
+        **pydantic_range(Bound(10, 86400, integer=True, unit="s")),
+    )
+    start_timeout_s: float = Field(
+        default=300.0,
+        description="a sandbox not running this long after its creation is a runtime_start "
+        "error, and is terminated",
+        **pydantic_range(Bound(1, 3600, unit="s")),
+    )
+    create_retries: int = Field(
+        default=12,
+        description="retries (exponential backoff) of a creation refused for a rate limit or "
+        "quota (RESOURCE_EXHAUSTED), each counted as a runtime retry",
+        **pydantic_range(Bound(0, 1000, integer=True, unit="retries")),
+    )
+    network: bool = Field(default=False, description="outbound network (off: block_network)")
+    workdir: str = Field(default="/work", pattern="^/", description="the sandbox's workdir")
+    env: dict[str, str] = Field(default_factory=dict, description="the sandbox's environment")
+    _run_id: str = PrivateAttr(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    @property
+    def run_id(self) -> str:
+        """This run's id (one config object per run): its app's name and every sandbox's tag."""
+        return self._run_id
+
+    def app_name(self) -> str:
+        return f"{self.app}-{self.run_id}"
+
+    def create(self, throttle: Throttle | None = None) -> Runtime:
+        return ModalRuntime(self, throttle)
+
+    def check(self) -> None:
+        check_modal(self)
+
+    def image_form(self) -> str | None:
+        return "tag"
+
+    def for_task(self, task: TaskSandbox) -> RuntimeConfig:
+        """The task's image (its Dockerfile built by the service when the task has a build
+        context, else its name from the registry), WORKDIR, ENV, CPUs, memory; no network
+        unless the task allows the internet."""
+        update: dict[str, Any] = {}
+        if task.context is not None:
+            update["dockerfile"] = posixpath.join(task.context, "Dockerfile")
+        if task.image is not None:
+            update["image"] = task.image
+        if task.workdir is not None:
+            update["workdir"] = task.workdir
+        update["env"] = {**task.env, **self.env}
+        if task.cpus is not None:
+            update["cpu"] = task.cpus
+        if task.memory_mb is not None:
+            update["memory_mb"] = task.memory_mb
+        if not task.internet:
+            update["network"] = False
+        copy = self.model_copy(update=update)
+        copy._run_id = self.run_id  # the same run: the same app and tags
+        return copy
+
+    def cleanup(self, report: CleanupReport, *, everything: bool = False) -> None:
+        """Terminate the sandboxes of dead runs of this host; nothing to do without the extra
+        or credentials (noted), and a service that does not answer is noted, not raised."""
+        try:
+            check_modal(self)
+        except UsageError as exc:
+            report.notes.append(f"modal: not looked at ({exc})")
+            return
+        try:
+            asyncio.run(clean_modal(report, everything=everything))
+        except Exception as exc:  # the service's failure is the report's, not a traceback
+            report.notes.append(f"modal: cleanup failed: {_brief(exc)}")
+
+    @classmethod
+    def from_flat(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """`memory_mb` is the sandbox's own field; other limits are not."""
+        limits = [k for k in _LIMIT_KEYS if k in options]
+        if limits:
+            unknown_options(cls, {k: options[k] for k in limits})
+        return super().from_flat(options)
+
+    @classmethod
+    def flat_keys(cls) -> list[str]:
+        return [k for k in cls.model_fields if k != "type"]
 
 
 class ModalRuntime(RuntimeBase):
@@ -271,8 +384,6 @@ def _brief(exc: BaseException) -> str:
 
 def check_modal(config: ModalConfig) -> None:
     """The extra, the credentials and the service, each named, before any work."""
-    from metrale.errors import UsageError
-
     try:
         from modal.config import config as sdk_config
     except ImportError:

@@ -1,146 +1,49 @@
-"""The ray runtime: each rollout's sandbox (subprocess or bwrap) lives in a Ray actor that Ray
-places on some node of the cluster; `run/read/write` are calls to that actor.
+"""The ray runtime: each rollout's sandbox (any installed local runtime: subprocess, bwrap, ...)
+lives in a Ray actor that Ray places on some node of the cluster; `run/read/write` are calls to
+that actor.
 
 This is how a run outgrows one machine without a home-made scheduler: Ray decides placement
 (SPREAD by default), metrale only creates one actor per sandbox and kills it in `stop()`, so no
-actor outlives its rollout. Workers must be able to import metrale (same environment).
-Importing this module imports `ray` (the `ray` extra); `create_runtime` does so only on demand.
+actor outlives its rollout. Workers must be able to import metrale (same environment). The
+cluster side (the actor, joining the cluster) is `ray_cluster`, which imports `ray` (the `ray`
+extra): this module does not, so the config is read without it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
-import contextlib
-import importlib
 import logging
-import os
-import secrets
-import shutil
-import tempfile
+import socket
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
-import ray
+from pydantic import Field, SerializeAsAny, field_validator
 
-from metrale.runtime.base import ProgramResult, Runtime, RuntimeBase, RuntimeStartError, Throttle
-
-if TYPE_CHECKING:  # its config, for types only: configs creates this runtime
-    from metrale.runtime.configs import RayConfig
+from metrale.bounds import Bound, pydantic_range
+from metrale.errors import UsageError
+from metrale.runtime.base import (
+    Capability,
+    ProgramResult,
+    Runtime,
+    RuntimeBase,
+    RuntimeConfig,
+    RuntimeStartError,
+    TaskSandbox,
+    Throttle,
+    unknown_options,
+)
+from metrale.runtime.configs import parse_runtime_config, runtime_config
 
 logger = logging.getLogger(__name__)
 
-NAMESPACE = "metrale"
 
-
-@ray.remote
-class SandboxActor:
-    """Holds one inner runtime on whichever node Ray placed this actor."""
-
-    def __init__(self, inner: dict[str, Any], make: Callable[[dict[str, Any]], Runtime]) -> None:
-        self.runtime = make(inner)
-
-    async def start(self) -> str:
-        await self.runtime.start()
-        return ray.get_runtime_context().get_node_id()
-
-    async def run(
-        self,
-        command: str | list[str],
-        env: dict[str, str] | None,
-        cwd: str | None,
-        timeout: float | None,
-    ) -> dict[str, Any]:
-        result = await self.runtime.run(command, env=env, cwd=cwd, timeout=timeout)
-        return result.model_dump()
-
-    async def read(self, path: str) -> bytes:
-        return await self.runtime.read(path)
-
-    async def write(self, path: str, data: bytes) -> None:
-        await self.runtime.write(path, data)
-
-    async def kill_commands(self) -> None:
-        await self.runtime.kill_commands()
-
-    async def stop(self) -> None:
-        try:
-            await self.runtime.stop()
-        finally:
-            # This process holds this one sandbox and is killed next (ray.kill: no atexit runs),
-            # so the /etc copy a bwrap sandbox made in it goes now, not at an exit that never
-            # comes (seen: 2 of 3 copies left in /tmp after a normal run).
-            from metrale.runtime.bwrap_etc import remove_etc_view
-
-            remove_etc_view()
-
-
-def connect(address: str) -> None:
-    """Join the cluster once per process (`auto`, `ray://...`, `HOST:PORT`, or `local` to start
-    a private one); Ray's own connection is process-wide."""
-    if ray.is_initialized():
-        return
-    if address == "local":
-        _start_private_cluster()
-        return
-    ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, ignore_reinit_error=True)
-
-
-#: Ray's token-auth settings (Ray >= 2.5x). Left unset, a new local cluster enables token auth
-#: and saves a token to ~/.ray/auth_token, which outlives the run: every later `ray start`
-#: on the machine then picks it up and clusters refuse each other (InvalidAuthToken).
-_AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
-
-
-def _start_private_cluster() -> None:
-    """`--ray-address local`: a cluster of this process only, whose every file (sessions,
-    sockets, logs) lives in a temporary directory removed at exit, authenticated by a token
-    that lives only in this process's environment (inherited by its Ray workers), never on
-    disk. A user's own RAY_AUTH_* settings are respected."""
-    # Ray's socket paths (temp/session_<stamp>/sockets/plasma_store) must fit AF_UNIX's 107
-    # bytes: a long TMPDIR gives way to /tmp.
-    base = tempfile.gettempdir()
-    temp = tempfile.mkdtemp(prefix="metrale-ray-", dir=base if len(base) <= 32 else "/tmp")
-    saved = {name: os.environ.get(name) for name in _AUTH_ENV}
-    if all(v is None for v in saved.values()):
-        os.environ["RAY_AUTH_MODE"] = "token"
-        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
-        _reload_ray_auth()
-    try:
-        ray.init(
-            address="local",
-            namespace=NAMESPACE,
-            log_to_driver=False,
-            include_dashboard=False,
-            _temp_dir=temp,
+def _inner_config(config: RuntimeConfig) -> RuntimeConfig:
+    if config.type == "ray" or Capability.REMOTE in config.capabilities:
+        raise UsageError(
+            f"the ray runtime cannot hold a {config.type} sandbox; accepted: a local runtime "
+            "(subprocess, bwrap, ...)"
         )
-    except BaseException:
-        _stop_private_cluster(temp, saved)
-        raise
-    atexit.register(_stop_private_cluster, temp, saved)
-
-
-def _reload_ray_auth() -> None:
-    """Ray reads its auth settings once, at import: make this process see the new ones (what
-    Ray itself does when it turns token auth on). A Ray without token auth has neither."""
-    with contextlib.suppress(ImportError, AttributeError):
-        raylet: Any = importlib.import_module("ray._raylet")  # private: it moves between Rays
-        raylet.Config.initialize("")
-        raylet.AuthenticationTokenLoader.instance().reset_cache()
-
-
-def _stop_private_cluster(temp: str, saved: dict[str, str | None]) -> None:
-    try:
-        ray.shutdown()
-    except Exception as exc:  # the cluster is going anyway: its processes and temp dir below
-        logger.warning("ray.shutdown() of the private cluster failed: %r", exc)
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    _reload_ray_auth()
-    shutil.rmtree(temp, ignore_errors=True)
+    return config
 
 
 class RayRuntime(RuntimeBase):
@@ -163,18 +66,20 @@ class RayRuntime(RuntimeBase):
         self._stopped = False
 
     async def start(self) -> None:
+        from metrale.runtime import ray_cluster
+
         await self._await_throttle()
         if self._stopped:
             raise RuntimeStartError("runtime already stopped")
         try:
-            connect(self.config.address)
+            ray_cluster.connect(self.config.address)
         except Exception as exc:  # ray raises ConnectionError, RuntimeError, ...
             raise RuntimeStartError(f"cannot reach ray at {self.config.address}: {exc}") from exc
         options: dict[str, Any] = {"num_cpus": self.config.actor_cpus}
         if self.config.spread:
             options["scheduling_strategy"] = "SPREAD"
         # `@ray.remote` adds `.options` at run time; Ray's annotations keep the bare class
-        actor_class: Any = SandboxActor
+        actor_class: Any = ray_cluster.SandboxActor
         self.actor = actor_class.options(**options).remote(
             self.config.inner.model_dump(), self._make_inner
         )
@@ -221,6 +126,8 @@ class RayRuntime(RuntimeBase):
         self._stopped = True
         if self.actor is None:
             return
+        from metrale.runtime import ray_cluster
+
         try:
             # the actor may be dead already; killing it below still holds
             try:
@@ -228,5 +135,109 @@ class RayRuntime(RuntimeBase):
             except Exception as exc:  # its inner sandbox may be left on that node
                 logger.warning("ray actor on node %s: stop failed: %r", self.node_id, exc)
         finally:
-            ray.kill(self.actor, no_restart=True)
+            ray_cluster.kill(self.actor)
             self.actor = None
+
+
+class RayConfig(RuntimeConfig):
+    """Each sandbox (`inner`) lives in a Ray actor on some cluster node."""
+
+    type: Literal["ray"] = "ray"
+    address: str = "auto"
+    inner: SerializeAsAny[RuntimeConfig] = Field(
+        default_factory=lambda: runtime_config("subprocess"),
+        description="the sandbox each actor holds: an installed local runtime (not ray, not "
+        "a remote one)",
+    )
+    actor_cpus: float = Field(
+        default=0.01,
+        description="CPU the actor reserves when placed",
+        **pydantic_range(Bound(0, 4096, unit="CPUs")),
+    )
+    spread: bool = Field(default=True, description="SPREAD scheduling across nodes")
+
+    def create(self, throttle: Throttle | None = None) -> Runtime:
+        from metrale.runtime.configs import runtime_from_dict
+
+        return RayRuntime(self, throttle, make_inner=runtime_from_dict)
+
+    def check(self) -> None:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise UsageError(
+                "the ray runtime needs the ray extra: pip install 'metrale[ray]'"
+            ) from None
+        _check_ray_address(self.address)
+        self.inner.check()
+
+    @classmethod
+    def from_flat(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """`inner="bwrap"` picks the sandbox; every option the ray config does not have goes
+        to it (the inner sandbox is also what caps a command's output)."""
+        own = {k: options.pop(k) for k in list(options) if k in cls.model_fields}
+        if "output_cap_bytes" in own:
+            options["output_cap_bytes"] = own["output_cap_bytes"]
+        inner = own.pop("inner", "subprocess")
+        if isinstance(inner, str):
+            own["inner"] = _inner_config(runtime_config(inner, **options))
+        else:
+            if options:
+                unknown_options(cls, options)
+            own["inner"] = inner
+        return own
+
+    @field_validator("inner", mode="before")
+    @classmethod
+    def _inner(cls, value: Any) -> RuntimeConfig:
+        """An inner config read back from JSON (run.json, the actor's copy) by its `type`."""
+        if isinstance(value, RuntimeConfig):
+            return _inner_config(value)
+        if isinstance(value, Mapping):
+            return _inner_config(parse_runtime_config(value))
+        raise ValueError("inner must be a runtime config")
+
+    def lacks(self, needs: frozenset[Capability]) -> frozenset[Capability]:
+        """What its inner sandbox provides on the actor's node; the driver host's paths and
+        the leftovers of other nodes are out of its reach."""
+        return needs - (self.inner.capabilities - {Capability.HOST_PATHS, Capability.LEFTOVERS})
+
+    def image_form(self) -> str | None:
+        return self.inner.image_form()
+
+    def for_task(self, task: TaskSandbox) -> RuntimeConfig:
+        return self.model_copy(update={"inner": self.inner.for_task(task)})
+
+
+def _check_ray_address(address: str) -> None:
+    """A cluster that is not there is a usage error now, before any rollout: `ray.init` would
+    retry a HOST:PORT for minutes, and with `auto` every rollout would fail to start. `auto`
+    is resolved as Ray does (RAY_ADDRESS, then the last `ray start` on this machine, then a
+    running GCS process); `local` starts a private cluster and needs nothing."""
+    if address == "auto":
+        address = _resolve_ray_auto()
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return  # local, ray://...: ray itself fails fast or starts one
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        raise UsageError(f"ray runtime: nothing answers at {address} ({exc})") from None
+
+
+def _resolve_ray_auto() -> str:
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        found = canonicalize_bootstrap_address("auto")
+    except Exception as exc:  # ConnectionError when none; ray's private API may also move
+        if not isinstance(exc, ConnectionError):
+            logger.debug("cannot look for a running ray cluster here (%r): ray.init decides", exc)
+            return "auto"  # cannot tell here: let ray.init decide
+        found = None
+    if not found:
+        raise UsageError(
+            "ray runtime: --ray-address auto found no running Ray cluster; accepted: start one "
+            "('ray start --head'), give HOST:PORT, or --ray-address local for a private one"
+        )
+    return str(found)

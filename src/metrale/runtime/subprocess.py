@@ -18,15 +18,23 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import ClassVar, Literal
 
-from metrale.runtime.base import ProgramResult, RuntimeBase, RuntimeStartError, Throttle
-from metrale.runtime.procs import allowed_env, kill_tree, run_process
+from pydantic import Field
 
-if TYPE_CHECKING:  # its config, for types only: configs creates this runtime
-    from metrale.runtime.configs import SubprocessConfig
+from metrale.errors import UsageError
+from metrale.runtime.base import (
+    Capability,
+    ProgramResult,
+    Runtime,
+    RuntimeBase,
+    RuntimeConfig,
+    RuntimeStartError,
+    Throttle,
+)
+from metrale.runtime.procs import Limits, allowed_env, kill_tree, run_process
 
 MARKER_VAR = "METRALE_SANDBOX"
 
@@ -114,3 +122,30 @@ class SubprocessRuntime(RuntimeBase):
             await asyncio.to_thread(kill_tree, self._sessions, self.marker)
         if self.workdir is not None:
             await asyncio.to_thread(shutil.rmtree, self.workdir, True)
+
+
+class SubprocessConfig(RuntimeConfig):
+    """Commands on the host in a fresh temp workdir: the cheapest runtime, and no isolation
+    beyond a scrubbed environment, limits and process-group cleanup."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.HOST_PATHS, Capability.KILL_COMMANDS}
+    )
+    type: Literal["subprocess"] = "subprocess"
+    #: RLIMIT_NPROC counts all of the host user's processes here, so it is off by default.
+    limits: Limits = Field(default_factory=lambda: Limits(max_procs=None))
+    env: dict[str, str] = Field(default_factory=dict)
+
+    def create(self, throttle: Throttle | None = None) -> Runtime:
+        return SubprocessRuntime(self, throttle)
+
+    def check(self) -> None:
+        limited = any(v is not None for v in self.limits.model_dump().values())
+        if limited and not shutil.which("prlimit"):
+            raise UsageError("subprocess runtime: resource limits need 'prlimit' (util-linux)")
+
+    def with_paths(
+        self, read_only: Sequence[str], writable: Mapping[str, str]
+    ) -> tuple[RuntimeConfig, dict[str, str]]:
+        """Commands run on the host: every path is where it is, nothing is read-only."""
+        return self, {host: host for host in writable}

@@ -8,11 +8,14 @@ It serves exactly the gRPC methods of `modal_proto`'s `ModalClient` that `Sandbo
 port (`modal_router`). Every other method answers UNIMPLEMENTED naming itself, and is logged:
 an SDK upgrade that starts calling something new fails a test loudly.
 
-Behind each sandbox is a real one (a metrale runtime, bwrap by default); the image name is
-recorded, not pulled. The faults of the real service come from `ModalFaults`: creation latency
-drawn from a distribution, a creation rate limit and a quota of live sandboxes (both answered
-RESOURCE_EXHAUSTED), a fraction of creations stuck pending. `SandboxList` (and `GET /_state`
-on the state port) lists the live sandboxes, so a test can assert that none is left.
+Behind each sandbox is a real one (`backend`: bwrap by default, or the container engine); an
+image is its Dockerfile's `FROM` name, mapped by the backend (`--image NAME=LOCAL`), never
+pulled or built. The faults of the real service come from `faults`: creation latency drawn
+from a distribution, a creation rate limit and a quota of live sandboxes (both answered
+RESOURCE_EXHAUSTED), a fraction of creations stuck pending, routers lost mid-command (the task
+gone: NOT_FOUND, its sandbox deleted). `SandboxList` and `GET /_state` on a side HTTP port
+(printed as METRALE_SANDBOX_SIM_STATE) list the live sandboxes, so a test can assert that none
+is left.
 """
 
 from __future__ import annotations
@@ -22,8 +25,6 @@ import base64
 import contextlib
 import json
 import logging
-import math
-import random
 import secrets
 import time
 import types
@@ -35,41 +36,20 @@ from typing import TYPE_CHECKING, Any
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
-from metrale.sandbox_sim.modal_router import Router, Task, env_of
+from metrale.sandbox_sim.modal_router import OUTPUT_CAP_BYTES, Router, Task, env_of
 
 if TYPE_CHECKING:
-    from grpclib.server import Stream
+    from grpclib.server import Server, Stream
 
-    from metrale.runtime.base import Runtime
+    from metrale.sandbox_sim.backend import Backend
+    from metrale.sandbox_sim.faults import Faults
 
 logger = logging.getLogger(__name__)
 
 #: The image builder version the SDK is told the environment uses.
 IMAGE_BUILDER_VERSION = "2025.06"
-#: What `make_runtime(workdir)` must return: a started-on-demand metrale runtime.
-MakeRuntime = Callable[[str], "Runtime"]
-
-
-@dataclass
-class ModalFaults:
-    """What the real service does under load, replayed on demand (all off by default)."""
-
-    create_latency: tuple[float, float] | None = None
-    """(p50, p90) seconds from creation to running, log-normal."""
-    create_rate: float | None = None
-    """Creations per second (a bucket of one second's worth); beyond: RESOURCE_EXHAUSTED."""
-    quota: int | None = None
-    """Live sandboxes at once; a creation beyond: RESOURCE_EXHAUSTED."""
-    stuck: float = 0.0
-    """The fraction of creations that stay pending until terminated."""
-    seed: int = 0
-
-    def latency(self, rng: random.Random) -> float:
-        if self.create_latency is None:
-            return 0.0
-        p50, p90 = self.create_latency
-        sigma = math.log(max(p90, p50) / p50) / 1.2816 if p50 > 0 else 0.0
-        return p50 * math.exp(rng.gauss(0.0, 1.0) * sigma) if p50 > 0 else 0.0
+#: The token the emulator accepts unless given another.
+DEFAULT_TOKEN = ("ak-metrale-sandbox-sim", "as-metrale-sandbox-sim")
 
 
 @dataclass
@@ -79,14 +59,16 @@ class Box:
     sandbox_id: str
     app_id: str
     tags: dict[str, str]
-    image_id: str
+    image: str
     workdir: str
+    cpu: float
+    memory_mb: int
     env: dict[str, str] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
     task_id: str = ""
     status: str = "pending"  # pending, running, terminated
     result: Any = None  # api_pb2.GenericResult once finished
-    runtime: Runtime | None = None
+    backend_id: str | None = None
     starting: asyncio.Task[None] | None = None
     finished: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -95,27 +77,22 @@ class ModalEmulator:
     """The service's state and its gRPC handlers (`services()` for a grpclib `Server`)."""
 
     def __init__(
-        self,
-        make_runtime: MakeRuntime,
-        *,
-        faults: ModalFaults | None = None,
-        token: tuple[str, str] | None = None,
-        router_url: str = "",
+        self, backend: Backend, faults: Faults, token: tuple[str, str] = DEFAULT_TOKEN
     ) -> None:
-        self.make_runtime = make_runtime
-        self.faults = faults or ModalFaults()
+        self.backend = backend
+        self.faults = faults
         self.token = token
-        self.router_url = router_url
+        self.router_url = ""
+        self.state_url = ""
         self.apps: dict[str, str] = {}  # name -> app id
-        self.images: dict[str, dict[str, Any]] = {}
+        self.images: dict[str, str] = {}  # image id -> the name the backend maps
         self.boxes: dict[str, Box] = {}
         self.tasks: dict[str, Task] = {}
         self.jwts: dict[str, str] = {}  # task id -> the JWT its router accepts
         self.unimplemented: list[str] = []
-        self._rng = random.Random(self.faults.seed)
-        self._bucket = (0.0, time.monotonic())  # (tokens, when)
-        self.rejected = 0
         self._expiring: set[asyncio.Future[None]] = set()
+        self._server: Server | None = None
+        self._state_runner: Any = None
 
     # ------------------------------------------------------------------ state
 
@@ -131,7 +108,8 @@ class ModalEmulator:
                 for b in self.live()
             ],
             "created": len(self.boxes),
-            "rejected": self.rejected,
+            "refused": self.faults.refused,
+            "backend_live": len(self.backend.live()),
             "unimplemented": sorted(set(self.unimplemented)),
         }
 
@@ -142,10 +120,55 @@ class ModalEmulator:
             self.tasks[box.task_id].lost = True
         await self._terminate(box, status="TERMINATED", why="the worker was lost")
 
-    async def close(self) -> None:
-        """Stop every sandbox (the emulator leaves nothing behind either)."""
+    # ------------------------------------------------------------------ serving
+
+    async def start(self, host: str, port: int) -> str:
+        """Serve the service and its router on `host:port` (gRPC, plaintext HTTP/2) and
+        `GET /_state` on a port of its own; the service's URL."""
+        from aiohttp import web
+        from grpclib.server import Server
+
+        self._server = Server(self.services())
+        await self._server.start(host, port)
+        # grpclib keeps its asyncio server private; with port 0 the bound port is only there
+        listening: Any = self._server._server
+        bound = listening.sockets[0].getsockname()
+        url = f"http://{bound[0]}:{bound[1]}"
+        self.router_url = url  # plaintext on loopback: the SDK accepts it there only
+        app = web.Application()
+        app.router.add_get("/_state", self._state)
+        self._state_runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._state_runner.setup()
+        site = web.TCPSite(self._state_runner, host, 0)
+        await site.start()
+        state = self._state_runner.addresses[0]
+        self.state_url = f"http://{state[0]}:{state[1]}/_state"
+        return url
+
+    def client_env(self, url: str) -> dict[str, str]:
+        return {
+            "MODAL_SERVER_URL": url,
+            "MODAL_TOKEN_ID": self.token[0],
+            "MODAL_TOKEN_SECRET": self.token[1],
+            "METRALE_SANDBOX_SIM_STATE": self.state_url,
+        }
+
+    async def _state(self, request: Any) -> Any:
+        from aiohttp import web
+
+        return web.json_response(self.state())
+
+    async def stop(self) -> None:
+        """Stop serving and terminate every sandbox (the backend's `close` deletes any left)."""
+        if self._server is not None:
+            self._server.close()
         for box in list(self.boxes.values()):
             await self._terminate(box, status="TERMINATED", why="the emulator stopped")
+        if self._state_runner is not None:
+            await self._state_runner.cleanup()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 5)
 
     # ------------------------------------------------------------------ wiring
 
@@ -153,7 +176,7 @@ class ModalEmulator:
         from modal_proto import api_grpc
         from modal_proto import task_command_router_grpc as tcr
 
-        router = Router(self.tasks, self._check_jwt)
+        router = Router(self.tasks, self._check_jwt, self.faults.gateway_fails, self._lose_task)
         return [
             _service(api_grpc.ModalClientBase, self, self._check_token, self.unimplemented),
             _service(tcr.TaskCommandRouterBase, router, None, self.unimplemented),
@@ -164,7 +187,7 @@ class ModalEmulator:
         set, exactly that one."""
         meta: Any = stream.metadata or {}
         given = (meta.get("x-modal-token-id"), meta.get("x-modal-token-secret"))
-        if not all(given) or (self.token is not None and given != self.token):
+        if given != self.token:
             raise GRPCError(Status.UNAUTHENTICATED, "token missing or wrong")
 
     def _check_jwt(self, stream: Stream[Any, Any], task_id: str) -> None:
@@ -210,8 +233,8 @@ class ModalEmulator:
         await stream.send_message(api_pb2.AuthTokenGetResponse(token=_jwt({"sub": "input"})))
 
     async def ImageGetOrCreate(self, stream: Stream[Any, Any]) -> None:
-        """Every image "builds" at once: its Dockerfile lines and base are recorded; the
-        sandbox behind is the backend's (a registry name maps to the local runtime)."""
+        """Every image "builds" at once as its `FROM` name (or its base image's), which the
+        backend maps to a local one; its other Dockerfile lines are not run (logged)."""
         from modal_proto import api_pb2
 
         req = await stream.recv_message()
@@ -219,7 +242,13 @@ class ModalEmulator:
         commands = list(req.image.dockerfile_commands)
         key = json.dumps([commands, [b.image_id for b in req.image.base_images]])
         image_id = f"im-{uuid.uuid5(uuid.NAMESPACE_URL, key).hex[:20]}"
-        self.images[image_id] = {"dockerfile_commands": commands}
+        name = next((c.split()[1] for c in commands if c.upper().startswith("FROM ")), "")
+        if not name or name == "base":
+            name = next((self.images.get(b.image_id, "") for b in req.image.base_images), "")
+        rest = [c for c in commands if c.strip() and not c.upper().startswith("FROM ")]
+        if rest:
+            logger.info("modal emulator: image %s (%s): not run: %s", image_id, name, rest)
+        self.images[image_id] = name
         ok = api_pb2.GenericResult(status=api_pb2.GenericResult.GENERIC_STATUS_SUCCESS)
         await stream.send_message(api_pb2.ImageGetOrCreateResponse(image_id=image_id, result=ok))
 
@@ -270,50 +299,42 @@ class ModalEmulator:
         )
 
     def _create(self, req: Any) -> Box:
-        self._admit()
+        refused = self.faults.admit_creation(len(self.live()))
+        if refused is not None:
+            raise GRPCError(Status.RESOURCE_EXHAUSTED, refused)
         d = req.definition
+        res = d.resources
         box = Box(
             sandbox_id=f"sb-{uuid.uuid4().hex[:20]}",
             app_id=req.app_id,
             tags={t.tag_name: t.tag_value for t in req.tags},
-            image_id=d.image_id,
-            workdir=d.workdir or "/",
+            image=self.images.get(d.image_id, ""),
+            workdir=d.workdir or "/work",
+            cpu=res.milli_cpu / 1000 if res.milli_cpu else 1.0,
+            memory_mb=res.memory_mb or 2048,
             env=env_of(req) if hasattr(req, "secret_sources") else {},
         )
         self.boxes[box.sandbox_id] = box
-        stuck = self._rng.random() < self.faults.stuck
-        box.starting = asyncio.create_task(self._start(box, self.faults.latency(self._rng), stuck))
+        latency, stuck = self.faults.creation_latency(), self.faults.stuck()
+        box.starting = asyncio.create_task(self._start(box, latency, stuck))
         if d.timeout_secs:
             loop = asyncio.get_running_loop()
             loop.call_later(d.timeout_secs, self._expire, box)
         return box
 
-    def _admit(self) -> None:
-        """The creation limits of the real service: a rate and a quota of live sandboxes."""
-        if self.faults.quota is not None and len(self.live()) >= self.faults.quota:
-            self.rejected += 1
-            raise GRPCError(Status.RESOURCE_EXHAUSTED, "sandbox quota exceeded")
-        rate = self.faults.create_rate
-        if rate is None:
-            return
-        tokens, then = self._bucket
-        now = time.monotonic()
-        tokens = min(max(rate, 1.0), tokens + (now - then) * rate)
-        if tokens < 1.0:
-            self._bucket = (tokens, now)
-            self.rejected += 1
-            raise GRPCError(Status.RESOURCE_EXHAUSTED, "rate limit exceeded: sandbox creation")
-        self._bucket = (tokens - 1.0, now)
-
     async def _start(self, box: Box, latency: float, stuck: bool) -> None:
         await asyncio.sleep(latency)
         if stuck:
             await asyncio.Event().wait()  # pending until terminated
-        runtime = self.make_runtime(box.workdir)
-        box.runtime = runtime
-        await runtime.start()
+        box.backend_id = await self.backend.create(
+            box.image, env=box.env, cpu=box.cpu, memory_mb=box.memory_mb, workdir=box.workdir,
+            labels=box.tags,
+        )  # fmt: skip
+        runtime = self.backend.get(box.backend_id).runtime
+        # a service streams all of a command's output; the runtime that reads it keeps its cap
+        runtime.config.output_cap_bytes = OUTPUT_CAP_BYTES
         box.task_id = f"ta-{uuid.uuid4().hex[:20]}"
-        self.tasks[box.task_id] = Task(box.task_id, runtime, env=box.env)
+        self.tasks[box.task_id] = Task(box.task_id, runtime)
         box.status = "running"
 
     def _expire(self, box: Box) -> None:
@@ -453,12 +474,18 @@ class ModalEmulator:
         task = self.tasks.get(box.task_id)
         if task is not None:
             task.lost = True
-        if box.runtime is not None:
+        if box.backend_id is not None:
             try:
-                await box.runtime.stop()
+                await self.backend.delete(box.backend_id)
             except Exception:
                 logger.exception("modal emulator: stopping sandbox %s failed", box.sandbox_id)
         box.finished.set()
+
+    async def _lose_task(self, task: Task) -> None:
+        """A router lost mid-command (`--gateway-fail`): the task is gone, and its sandbox."""
+        for box in self.boxes.values():
+            if box.task_id == task.task_id:
+                await self._terminate(box, status="TERMINATED", why="the worker was lost")
 
 
 def _jwt(claims: dict[str, Any]) -> str:
@@ -505,49 +532,3 @@ def _unimplemented(missing: list[str], name: str) -> Any:
         raise GRPCError(Status.UNIMPLEMENTED, f"modal emulator: {name} is not implemented")
 
     return call
-
-
-async def serve(
-    emulator: ModalEmulator,
-    host: str,
-    port: int,
-    *,
-    state_port: int | None = None,
-    ready: Callable[[int, int | None], None] | None = None,
-) -> None:
-    """Serve `emulator` on `host:port` (gRPC, plaintext HTTP/2; its router on the same port)
-    and `GET /_state` on `state_port`, until cancelled; then stop every sandbox."""
-    from aiohttp import web
-    from grpclib.server import Server
-
-    server = Server(emulator.services())
-    await server.start(host, port)
-    bound = port or int(server._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]  # grpclib keeps its asyncio server private
-    emulator.router_url = emulator.router_url or f"http://{host}:{bound}"
-    runner: web.AppRunner | None = None
-    state_bound: int | None = None
-    try:
-        if state_port is not None:
-            app = web.Application()
-            app.router.add_get("/_state", lambda _req: _state_response(emulator))
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            site = web.TCPSite(runner, host, state_port)
-            await site.start()
-            state_bound = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]  # aiohttp keeps its asyncio server private
-        if ready is not None:
-            ready(bound, state_bound)
-        await asyncio.Event().wait()
-    finally:
-        server.close()
-        await emulator.close()
-        if runner is not None:
-            await runner.cleanup()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(server.wait_closed(), 5)
-
-
-async def _state_response(emulator: ModalEmulator) -> Any:
-    from aiohttp import web
-
-    return web.json_response(emulator.state())

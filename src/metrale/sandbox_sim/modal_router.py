@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -59,11 +60,23 @@ class Task:
 
 
 class Router:
-    """The task command router service (`TaskCommandRouterBase`'s methods, by name)."""
+    """The task command router service (`TaskCommandRouterBase`'s methods, by name).
 
-    def __init__(self, tasks: dict[str, Task], check_jwt: Any) -> None:
+    `check_jwt(stream, task_id)` refuses a call without the task's token; `gateway_fails()`
+    draws whether a command's router is lost mid-command, and `lose(task)` loses it."""
+
+    def __init__(
+        self,
+        tasks: dict[str, Task],
+        check_jwt: Callable[[Any, str], None],
+        gateway_fails: Callable[[], bool],
+        lose: Callable[[Task], Coroutine[Any, Any, None]],
+    ) -> None:
         self._tasks = tasks
         self._check_jwt = check_jwt
+        self._gateway_fails = gateway_fails
+        self._lose = lose
+        self._losing: set[asyncio.Task[None]] = set()
 
     def _task(self, stream: Stream[Any, Any], task_id: str) -> Task:
         self._check_jwt(stream, task_id)
@@ -92,6 +105,11 @@ class Router:
         task.execs[req.exec_id] = run
         env = {**task.env, **env_of(req)}
         run.task = asyncio.create_task(_execute(task, run, list(req.command_args), env, req))
+        if self._gateway_fails():  # lost mid-command: started, and no call reaches it again
+            task.lost = True
+            losing = asyncio.create_task(self._lose(task))
+            self._losing.add(losing)
+            losing.add_done_callback(self._losing.discard)
         await stream.send_message(sr.TaskExecStartResponse())
 
     async def TaskExecStdioRead(self, stream: Stream[Any, Any]) -> None:

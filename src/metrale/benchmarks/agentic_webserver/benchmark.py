@@ -52,7 +52,7 @@ from metrale.plugin import (
     Verdict,
 )
 from metrale.rollout import RolloutBenchmark, RolloutContext, RolloutRecord
-from metrale.runtime.base import RuntimeConfig
+from metrale.runtime.base import Capability, RuntimeConfig
 
 #: Where the sandbox directory is bound inside bwrap (subprocess uses the host path).
 BWRAP_SANDBOX = "/sandbox"
@@ -69,7 +69,7 @@ class _Rollout:
         self.bench = bench
         self.index = index
         self.sandbox = bench.sandbox_dir(index)
-        self.inside = BWRAP_SANDBOX if bench.runtime_name == "bwrap" else str(self.sandbox)
+        self.inside = bench.inside(self.sandbox)
         self.port = 0
         self.ports: list[int] = []
 
@@ -167,7 +167,7 @@ class AgenticWebserverBenchmark(RolloutBenchmark):
     )
     default_rollouts: ClassVar[int] = 1
     max_rollouts: ClassVar[int] = 1000
-    runtimes: ClassVar[tuple[str, ...] | None] = ("bwrap", "subprocess")
+    needs: ClassVar[frozenset[Capability]] = frozenset({Capability.HOST_PATHS})
     warm_pool: ClassVar[bool] = False  # each sandbox dir is filled before its start
     default_runtime: ClassVar[str | None] = "bwrap"
     runtime_reason: ClassVar[str] = (
@@ -181,7 +181,7 @@ class AgenticWebserverBenchmark(RolloutBenchmark):
         super().__init__()
         self.toolchain: Toolchain | None = None
         self.cache: WarmCache | None = None
-        self.runtime_name = "bwrap"
+        self.runtime: RuntimeConfig | None = None
         self.sandbox_root = Path("sandboxes")
         self.transcripts = Path("transcripts")
         #: ports handed to rollouts in flight (see `_Rollout.take_port`)
@@ -229,7 +229,7 @@ class AgenticWebserverBenchmark(RolloutBenchmark):
 
     async def prepare(self, handle: PluginHandle) -> None:
         assert handle.runtime is not None, "runtime_choice always gives this benchmark one"
-        self.runtime_name = handle.runtime.type
+        self.runtime = handle.runtime
         self.toolchain = await asyncio.to_thread(find_toolchain)
         handle.on_status("warm")
         self.cache, warm_s, built = await warm(self.toolchain)
@@ -242,9 +242,9 @@ class AgenticWebserverBenchmark(RolloutBenchmark):
         self.transcripts = run_dir / "transcripts"
         self.transcripts.mkdir(parents=True, exist_ok=True)
         where = (
-            "bwrap sandbox (network off)"
-            if self.runtime_name == "bwrap"
-            else "subprocess runtime (no isolation)"
+            f"{self.runtime.type} sandbox (network off)"
+            if Capability.NETWORK_OFF in self.runtime.capabilities
+            else f"{self.runtime.type} runtime (no isolation)"
         )
         self.log(
             f"agentic_webserver executes model-authored shell commands in the {where}; "
@@ -252,20 +252,19 @@ class AgenticWebserverBenchmark(RolloutBenchmark):
             "runs again)"
         )
 
-    def runtime_for(self, config: RuntimeConfig, index: int) -> RuntimeConfig:
-        """The run's runtime config plus this rollout's binds (bwrap): the toolchain and the
-        cargo cache read-only at their host paths, the sandbox read-write at /sandbox."""
-        from metrale.runtime.configs import Bind, BwrapConfig
+    def inside(self, sandbox: Path) -> str:
+        """Where rollout's sandbox dir is inside its sandbox: /sandbox where the runtime can
+        show it there (bwrap), its host path where commands run on the host (subprocess)."""
+        assert self.runtime is not None
+        return self.runtime.with_paths((), {str(sandbox): BWRAP_SANDBOX})[1][str(sandbox)]
 
-        if not isinstance(config, BwrapConfig):
-            return config
+    def runtime_for(self, config: RuntimeConfig, index: int) -> RuntimeConfig:
+        """The run's runtime config plus this rollout's paths: the toolchain and the cargo
+        cache read-only at their host paths, the sandbox read-write (at /sandbox in bwrap)."""
         assert self.cache is not None and self.toolchain is not None
-        binds = [
-            Bind(src=str(self.toolchain.root)),
-            Bind(src=str(self.cache.home)),
-            Bind(src=str(self.sandbox_dir(index)), dst=BWRAP_SANDBOX, writable=True),
-        ]
-        return config.model_copy(update={"binds": [*config.binds, *binds]})
+        sandbox = str(self.sandbox_dir(index))
+        read_only = (str(self.toolchain.root), str(self.cache.home))
+        return config.with_paths(read_only, {sandbox: BWRAP_SANDBOX})[0]
 
     def make_task(self, index: int) -> _Rollout:
         return _Rollout(self, index)

@@ -24,7 +24,7 @@ from metrale.benchmarks.terminal_bench.rollout import TaskRollout, TaskRun, task
 from metrale.fmt import duration_text, number_text
 from metrale.plugin import Descriptor, Metric, ParamSpec, PluginHandle, RunSummary
 from metrale.rollout import RolloutBenchmark, RolloutRecord
-from metrale.runtime.base import RuntimeConfig
+from metrale.runtime.base import Capability, RuntimeConfig
 
 
 def _num(key: str) -> Callable[[RolloutRecord], float | None]:
@@ -73,12 +73,9 @@ class TerminalBenchBenchmark(RolloutBenchmark):
     )
     default_rollouts: ClassVar[int] = 1
     max_rollouts: ClassVar[int] = 100_000
-    runtimes: ClassVar[tuple[str, ...] | None] = once.RUNTIMES
+    needs: ClassVar[frozenset[Capability]] = once.NEEDS
     default_runtime: ClassVar[str | None] = "docker"
-    runtime_reason: ClassVar[str] = (
-        "agentic tasks need a container: each runs in its own image's file system, and "
-        "subprocess runs on the host"
-    )
+    runtime_reason: ClassVar[str] = once.RUNTIME_REASON
     keep_records: ClassVar[bool] = False
     extra_axes: ClassVar[tuple[str, ...]] = ("agent", "max_turns", "task")
 

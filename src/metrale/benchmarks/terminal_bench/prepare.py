@@ -25,22 +25,13 @@ from metrale.benchmarks.terminal_bench.rollout import TaskRun
 from metrale.benchmarks.terminal_bench.task import load_task
 from metrale.errors import UsageError
 from metrale.plugin import ParamSpec
-from metrale.runtime.base import RuntimeConfig
-from metrale.runtime.configs import (
-    DEFAULT_IMAGE,
-    BwrapConfig,
-    DockerConfig,
-    RayConfig,
-)
+from metrale.runtime.base import Capability, RuntimeConfig
 from metrale.runtime.configs import check_runtime as check_machine
+from metrale.runtime.configs import runtime_config
 
-#: Runtimes a task can run in: it needs its image's file system, which only these provide.
-RUNTIMES = ("docker", "bwrap", "ray")
-SUBPROCESS_REFUSED = (
-    "terminal_bench does not run under --runtime subprocess: a task needs its own container "
-    "image's file system and root inside it, and subprocess runs on the host; accepted: "
-    "docker, bwrap, ray (over bwrap)"
-)
+#: What a runtime must provide for a task: its image's file system, root inside it.
+NEEDS = frozenset({Capability.TASK_IMAGE})
+RUNTIME_REASON = "a task needs its own container image's file system and root inside it"
 
 
 def extra_parameters() -> list[ParamSpec]:
@@ -68,33 +59,39 @@ def extra_parameters() -> list[ParamSpec]:
     ]  # fmt: skip
 
 
+def _accepted() -> str:
+    from metrale.runtime.registry import config_classes
+
+    return ", ".join(n for n, c in config_classes().items() if c.capabilities >= NEEDS)
+
+
 def check_runtime(config: RuntimeConfig | None) -> None:
     """UsageError for a runtime a task cannot run in, naming why and what is accepted."""
     if config is None:
-        raise UsageError(f"terminal_bench needs a runtime; accepted: {', '.join(RUNTIMES)}")
-    inner = config.inner if isinstance(config, RayConfig) else config
-    if config.type == "subprocess":
-        raise UsageError(SUBPROCESS_REFUSED)
-    if inner.type == "subprocess":
+        raise UsageError(f"terminal_bench needs a runtime; accepted: {_accepted()}")
+    inner = getattr(config, "inner", None)
+    if config.lacks(NEEDS):
+        what = f"{config.type} over {inner.type}" if inner is not None else config.type
         raise UsageError(
-            "terminal_bench does not run under ray over subprocess (the default --ray-inner): "
-            "a task needs its own image's file system; accepted: --ray-inner bwrap"
+            f"terminal_bench does not run under --runtime {what}: {RUNTIME_REASON}, and "
+            f"{what} cannot provide one; accepted: {_accepted()}"
         )
-    if isinstance(inner, DockerConfig) and inner.image != DEFAULT_IMAGE:
+    image_field = type(config if inner is None else inner).model_fields.get("image")
+    chosen = getattr(config if inner is None else inner, "image", None)
+    if image_field is not None and chosen != image_field.default:
         raise UsageError(
             f"terminal_bench runs each task in the image built from its own Dockerfile, so "
-            f"--image {inner.image} does not apply; accepted: --base-image NAME=LOCAL to build "
+            f"--image {chosen} does not apply; accepted: --base-image NAME=LOCAL to build "
             "a task's FROM image on a local one"
         )
-    if not isinstance(inner, BwrapConfig | DockerConfig):
-        raise UsageError(f"terminal_bench: runtime {config.type!r} is not accepted; "
-                         f"accepted: {', '.join(RUNTIMES)}")  # fmt: skip
 
 
 def engine_cli(config: RuntimeConfig) -> str:
-    """The container CLI that builds images: the docker runtime's own, else `docker`."""
-    inner = config.inner if isinstance(config, RayConfig) else config
-    return inner.cli if isinstance(inner, DockerConfig) else "docker"
+    """The container CLI that builds images: the runtime's own where it has one, else
+    `docker`."""
+    inner = getattr(config, "inner", config)
+    cli = getattr(inner, "cli", None)
+    return cli if isinstance(cli, str) else "docker"
 
 
 def task_run(values: Mapping[str, Any], *, max_tokens: int | None = 4096) -> TaskRun:
@@ -120,9 +117,10 @@ def check_engine(run: TaskRun, values: Mapping[str, Any], config: RuntimeConfig)
     """Blocking, before any work: the engine that builds images answers, and every base image
     of the task is present locally (each a UsageError naming what is missing and the fix)."""
     cli = engine_cli(config)
-    inner = config.inner if isinstance(config, RayConfig) else config
-    # the docker runtime's own check probes this engine, once per run (`check_runtime`)
-    check_machine(inner if isinstance(inner, DockerConfig) else DockerConfig(cli=cli))
+    inner = getattr(config, "inner", config)
+    # the image builder's engine: the docker runtime's own check probes it, once per run
+    engine = inner if inner.type == "docker" else runtime_config("docker", cli=cli)
+    check_machine(engine)
     check_bases(run.task, cli, parse_base_images(values.get("base_image")))
 
 
@@ -146,8 +144,7 @@ async def build(
     run.image = image
     how = "reused (cached)" if image.cached else f"built in {image.build_s:.2f} s"
     log(f"task {run.task.name}: image {image.tag} {how}", "info")
-    inner = config.inner if isinstance(config, RayConfig) else config
-    if isinstance(inner, BwrapConfig):
+    if config.image_form() == "rootfs":
         try:
             root = await export_rootfs(image, cli)
         except ImageBuildError as exc:

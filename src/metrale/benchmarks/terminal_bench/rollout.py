@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from metrale.agent import AgentConfig
 from metrale.benchmarks.terminal_bench.agents import (
@@ -33,13 +32,10 @@ from metrale.benchmarks.terminal_bench.images import TaskImage
 from metrale.benchmarks.terminal_bench.task import HarborTask
 from metrale.benchmarks.terminal_bench.verifier import TESTS_DIR, verify
 from metrale.rollout import ErrorInfo, RolloutContext
-from metrale.runtime.base import RuntimeConfig
-from metrale.runtime.configs import BwrapConfig, DockerConfig, RayConfig
+from metrale.runtime.base import RuntimeConfig, TaskSandbox
 
-#: Writable dirs a bwrap sandbox over an image root needs besides its workdir.
+#: Writable dirs a sandbox over a read-only image root needs besides its workdir.
 SCRATCH = ("/logs", TESTS_DIR, "/solution")
-#: Where the agent starts in bwrap when the image names no WORKDIR (bwrap cannot bind at /).
-BWRAP_FALLBACK_WORKDIR = "/work"
 
 
 @dataclass
@@ -56,50 +52,34 @@ class TaskRun:
     transcripts: Path | None = None
 
     def workdir(self, config: RuntimeConfig | None = None) -> str | None:
-        inner = config.inner if isinstance(config, RayConfig) else config
-        if isinstance(inner, BwrapConfig):
-            return inner.workdir
-        if isinstance(inner, DockerConfig):
-            return inner.workdir
+        """Where the agent starts: the runtime's workdir as the task set it, else the image's."""
+        inner = getattr(config, "inner", config)
+        workdir = getattr(inner, "workdir", None)
+        if isinstance(workdir, str):
+            return workdir
         return self.image.workdir if self.image else None
+
+    def sandbox(self) -> TaskSandbox:
+        """What this task asks of its sandboxes, for the runtime to fold into its config."""
+        image, env = self.image, self.task.environment
+        return TaskSandbox(
+            image=image.tag if image else None,
+            rootfs=str(image.rootfs) if image and image.rootfs else None,
+            context=str(self.task.path / "environment"),
+            workdir=image.workdir if image else None,
+            env=dict(image.env) if image else {},
+            cpus=env.cpus,
+            memory_mb=env.memory_mb,
+            internet=env.allow_internet,
+            scratch=SCRATCH,
+        )
 
 
 def task_runtime_config(run: TaskRun, config: RuntimeConfig) -> RuntimeConfig:
-    """`config` (the user's runtime) adjusted for the task: its image or image root, WORKDIR
-    and ENV, the limits of task.toml, and no network at all unless the task allows internet
-    (then the runtime's own network setting stands)."""
-    if isinstance(config, RayConfig):
-        return config.model_copy(update={"inner": task_runtime_config(run, config.inner)})
-    image, env = run.image, run.task.environment
-    if isinstance(config, DockerConfig):
-        update: dict[str, Any] = {}
-        if image is not None:
-            update.update(image=image.tag, workdir=image.workdir or "/",
-                          env={**image.env, **config.env})  # fmt: skip
-        if env.cpus is not None:
-            update["cpus"] = env.cpus
-        if env.memory_mb is not None:
-            update["memory_mb"] = env.memory_mb
-        if not env.allow_internet:
-            update["network"] = "none"
-        return config.model_copy(update=update)
-    if isinstance(config, BwrapConfig):
-        update = {"scratch": sorted({*config.scratch, *SCRATCH})}
-        if image is not None and image.rootfs is not None:
-            workdir = image.workdir if image.workdir not in (None, "/") else None
-            update.update(
-                root=str(image.rootfs),
-                seed=None,
-                seed_from_root=workdir is not None,
-                workdir=workdir or BWRAP_FALLBACK_WORKDIR,
-                env={**image.env, **config.env},
-            )
-        if env.memory_mb is not None:
-            update["limits"] = config.limits.model_copy(update={"memory_mb": env.memory_mb})
-        if not env.allow_internet:
-            update["network"] = False
-        return config.model_copy(update=update)
-    return config
+    """`config` (the user's runtime) adjusted for the task by the runtime itself
+    (`RuntimeConfig.for_task`): its image or image root, WORKDIR and ENV, the limits of
+    task.toml, and no network at all unless the task allows internet."""
+    return config.for_task(run.sandbox())
 
 
 class TaskRollout:
