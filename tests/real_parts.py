@@ -50,6 +50,7 @@ REAL_FIXTURES = frozenset({
     "bwrap_root",  # every bwrap hardening case, on the host's dirs and on an image's root
     "warm_cargo",  # cargo builds the agentic task's crates
     "ray_cluster", "cluster",  # a Ray head
+    "modal_sim",  # `metrale sandbox-sim modal`, bwrap sandboxes behind it
 })  # fmt: skip
 
 #: Files whose every test starts a real part (paths from the repository root).
@@ -71,10 +72,11 @@ REAL_FILES = frozenset({
     "tests/benchmarks/terminal_bench/test_shipped.py",
     "tests/matrix/test_html.py",
     "tests/sandbox_sim/test_backend.py",
+    "tests/sandbox_sim/test_modal_sdk.py", "tests/sandbox_sim/test_modal_runs.py",
 })  # fmt: skip
 
 #: Parameter ids (split on "-") that name a real runtime.
-REAL_PARAMS = frozenset({"bwrap", "docker", "ray", "podman", "image"})
+REAL_PARAMS = frozenset({"bwrap", "docker", "ray", "podman", "image", "modal"})
 
 
 #: Source text that starts the metrale command line (not `metrale sim`) in a child process.

@@ -2,19 +2,21 @@
 the rollouts (and to the host) tested the same way for each. A runtime that does not make a
 promise skips that test with the reason, never silently.
 
-| promise                            | subprocess          | bwrap | docker        | ray (bwrap) |
-| files, cwd, env, exit, timeout, cap| yes                 | yes   | yes           | yes         |
-| background gone after stop()       | yes                 | yes   | yes           | yes         |
-| kill_commands: all gone, box stays | yes (marker)        | yes   | yes           | yes         |
-| network off by default             | no (host network)   | yes   | yes           | yes         |
-| process limit                      | no (root exempt)    | yes   | yes           | no (skip)   |
-| memory limit per process           | yes (RLIMIT_AS)     | yes   | yes           | no (skip)   |
-| memory limit of the whole sandbox  | no                  | yes   | yes           | no (skip)   |
-| CPU seconds / CPU rate             | seconds             | secs  | rate (--cpus) | no (skip)   |
-| host secrets and files invisible   | env only            | yes   | yes           | no (skip)   |
-| nothing left after SIGKILL of us   | no (no supervisor)  | yes   | yes           | no (skip)   |
+| promise                            | subprocess          | bwrap | docker        | ray (bwrap) | modal     |
+| files, cwd, env, exit, timeout, cap| yes                 | yes   | yes           | yes         | yes       |
+| background gone after stop()       | yes                 | yes   | yes           | yes         | yes       |
+| kill_commands: all gone, box stays | yes (marker)        | yes   | yes           | yes         | no        |
+| network off by default             | no (host network)   | yes   | yes           | yes         | yes       |
+| process limit                      | no (root exempt)    | yes   | yes           | no (skip)   | no        |
+| memory limit per process           | yes (RLIMIT_AS)     | yes   | yes           | no (skip)   | yes       |
+| memory limit of the whole sandbox  | no                  | yes   | yes           | no (skip)   | yes       |
+| CPU seconds / CPU rate             | seconds             | secs  | rate (--cpus) | no (skip)   | no        |
+| host secrets and files invisible   | env only            | yes   | yes           | no (skip)   | yes       |
+| nothing left after SIGKILL of us   | no (no supervisor)  | yes   | yes           | no (skip)   | (cleanup) |
 
-Ray over docker is not a case: ray's inner config accepts subprocess and bwrap only.
+Ray over docker is not a case: ray's inner config accepts subprocess and bwrap only. modal runs
+against `metrale sandbox-sim modal` (bwrap sandboxes behind it, so the host can see their
+processes); a killed run's sandboxes live on in the service until `metrale cleanup`.
 Each test checks (the `marker` fixture) that no process of it is left on the host.
 """
 
@@ -39,7 +41,7 @@ from metrale.runtime import Runtime, create_runtime, runtime_config
 from tests.runtime.conftest import HAVE_BWRAP, processes_with, wait_gone
 from tests.runtime.engine import labelled_containers, require_engine
 
-RUNTIMES = ["subprocess", "bwrap", "docker", "ray-bwrap"]
+RUNTIMES = ["subprocess", "bwrap", "docker", "ray-bwrap", "modal"]
 
 
 def skip_unless(name: str, makes: bool, reason: str) -> None:
@@ -50,10 +52,12 @@ def skip_unless(name: str, makes: bool, reason: str) -> None:
 @pytest.fixture(params=RUNTIMES)
 def name(request: pytest.FixtureRequest) -> str:
     runtime = request.param
-    if runtime in ("bwrap", "ray-bwrap") and not HAVE_BWRAP:
+    if runtime in ("bwrap", "ray-bwrap", "modal") and not HAVE_BWRAP:
         pytest.skip("bwrap not installed")
     if runtime == "docker":
         require_engine()
+    if runtime == "modal":
+        request.getfixturevalue("modal_sim")
     return runtime
 
 
@@ -161,9 +165,10 @@ def test_background_processes_are_gone_after_stop(
 
 
 def test_kill_commands_ends_every_process_and_keeps_the_sandbox(
-    make: Callable[..., Runtime], marker: str
+    name: str, make: Callable[..., Runtime], marker: str
 ) -> None:
     """What scoring relies on: a daemon left by one phase does not run into the next."""
+    skip_unless(name, name != "modal", "the service has no call that ends a sandbox's processes")
 
     async def body(rt: Runtime) -> None:
         await rt.run(
@@ -195,17 +200,21 @@ def _host_dirs() -> set[str]:
     return {p.name for prefix in ("metrale-sbx-", "metrale-bwrap-") for p in tmp.glob(f"{prefix}*")}
 
 
-def test_a_stopped_sandbox_leaves_no_directory_on_the_host(make: Callable[..., Runtime]) -> None:
+def test_a_stopped_sandbox_leaves_no_directory_on_the_host(
+    name: str, make: Callable[..., Runtime], request: pytest.FixtureRequest
+) -> None:
     """What a sandbox made on the host goes with its stop; only this process's own /etc copy
-    (bwrap's, one per process, removed at its exit) outlives it. A Ray actor's process is
-    killed after the stop, so nothing of it may wait for an exit."""
+    (bwrap's, one per process, removed at its exit) outlives it (and the modal emulator's, a
+    process of its own). A Ray actor's process is killed after the stop, so nothing of it may
+    wait for an exit."""
     before = _host_dirs()
+    emulator = request.getfixturevalue("modal_sim").proc.pid if name == "modal" else None
 
     async def body(rt: Runtime) -> None:
         assert (await rt.run("echo hi > here.txt && cat here.txt")).stdout == "hi\n"
 
     inside(make, body)
-    own = f"metrale-bwrap-{os.getpid()}-etc-"
+    own = tuple(f"metrale-bwrap-{pid}-etc-" for pid in (os.getpid(), emulator) if pid)
     deadline = time.monotonic() + 10  # bounded: a killed actor's files would never go
     while (left := sorted(d for d in _host_dirs() - before if not d.startswith(own))) and (
         time.monotonic() < deadline
@@ -296,6 +305,7 @@ FORKS = textwrap.dedent("""\
 def test_process_limit_holds(name: str, make: Callable[..., Runtime], marker: str) -> None:
     skip_unless(name, name != "subprocess",
                 "RLIMIT_NPROC binds no root process and counts the host user's")  # fmt: skip
+    skip_unless(name, name != "modal", "the service has no process bound")
 
     async def body(rt: Runtime) -> None:
         await rt.write("forks.py", FORKS)
@@ -335,6 +345,7 @@ def test_memory_limit_of_the_whole_sandbox(
 
 def test_cpu_seconds_limit_kills(name: str, make: Callable[..., Runtime], marker: str) -> None:
     skip_unless(name, name != "docker", "docker limits the CPU rate (--cpus), not CPU seconds")
+    skip_unless(name, name != "modal", "the service reserves CPU cores, not CPU seconds")
 
     async def body(rt: Runtime) -> None:
         result = await rt.run(f"echo {marker} >/dev/null; while :; do :; done", timeout=30)
@@ -344,7 +355,9 @@ def test_cpu_seconds_limit_kills(name: str, make: Callable[..., Runtime], marker
 
 
 def test_cpu_rate_limit_holds(name: str, make: Callable[..., Runtime], marker: str) -> None:
-    skip_unless(name, name == "docker", "no CPU rate limit (RLIMIT_CPU seconds only)")
+    skip_unless(name, name == "docker",
+                "the emulator's sandboxes reserve no CPU rate" if name == "modal"
+                else "no CPU rate limit (RLIMIT_CPU seconds only)")  # fmt: skip
 
     async def body(rt: Runtime) -> None:
         # two busy loops for 3 s of wall clock may use up to 6 CPU seconds on 2 idle cores;
@@ -411,7 +424,7 @@ KILLED_RUN = textwrap.dedent("""\
 
 
 def test_nothing_is_left_after_a_sigkill_of_metrale(name: str, marker: str) -> None:
-    skip_unless(name, name in ("bwrap", "docker"),
+    skip_unless(name, name in ("bwrap", "docker", "modal"),
                 "no supervisor outside metrale: a SIGKILLed run leaves its commands"
                 if name == "subprocess" else "Ray kills a dead driver's actors itself")  # fmt: skip
     proc = subprocess.Popen(
@@ -426,6 +439,13 @@ def test_nothing_is_left_after_a_sigkill_of_metrale(name: str, marker: str) -> N
         assert processes_with(marker)
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
+        if name == "modal":  # the service keeps it: `metrale cleanup` finds a dead run's
+            cleaned = subprocess.run(
+                [sys.executable, "-m", "metrale", "cleanup", "--runtime", "modal"],
+                capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            assert cleaned.returncode == 0, cleaned.stderr
+            assert "removed modal sandbox" in cleaned.stdout, cleaned.stdout
         assert not wait_gone(marker, 30), "the sandbox's process outlived metrale"
         if name == "docker":
             deadline = time.monotonic() + 30

@@ -85,7 +85,9 @@ class ModalConfig(RuntimeConfig):
     app: str = Field(default="metrale", description="app name prefix: one app <app>-<run> a run")
     cpu: float | None = Field(default=1.0, description="CPU cores reserved", **pydantic_range(CPUS))
     memory_mb: int | None = Field(
-        default=2048, description="memory reserved (MiB)", **pydantic_range(MEMORY_MB)
+        default=2048,
+        description="memory reserved and its limit (MiB)",
+        **pydantic_range(MEMORY_MB),
     )
     timeout_s: int = Field(
         default=3600,
@@ -242,7 +244,8 @@ class ModalRuntime(RuntimeBase):
             app=self._app,
             image=image,
             cpu=cfg.cpu,
-            memory=cfg.memory_mb,
+            # request and limit: a bare number is only a request on Modal
+            memory=(cfg.memory_mb, cfg.memory_mb) if cfg.memory_mb else None,
             timeout=cfg.timeout_s,
             workdir=cfg.workdir,
             block_network=not cfg.network,

@@ -311,7 +311,7 @@ class ModalEmulator:
             image=self.images.get(d.image_id, ""),
             workdir=d.workdir or "/work",
             cpu=res.milli_cpu / 1000 if res.milli_cpu else 1.0,
-            memory_mb=res.memory_mb or 2048,
+            memory_mb=res.memory_mb_max or res.memory_mb or 2048,
             env=env_of(req) if hasattr(req, "secret_sources") else {},
         )
         self.boxes[box.sandbox_id] = box
