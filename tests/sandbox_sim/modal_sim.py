@@ -42,8 +42,8 @@ class ModalSim:
 def start_modal_sim(*args: str) -> Iterator[ModalSim]:
     """`metrale sandbox-sim modal --port 0 ARGS...`; stopped (its sandboxes too) on exit."""
     pytest.importorskip("modal", reason="the modal extra is not installed")
-    config = tempfile.NamedTemporaryFile("w", prefix="metrale-modal-", suffix=".toml", delete=False)
-    config.close()
+    handle, config_path = tempfile.mkstemp(prefix="metrale-modal-", suffix=".toml")
+    os.close(handle)  # an empty config: no profile of the user's is read
     argv = [sys.executable, "-m", "metrale", "sandbox-sim", "modal", "--port", "0", *args]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             start_new_session=True)  # fmt: skip
@@ -52,7 +52,7 @@ def start_modal_sim(*args: str) -> Iterator[ModalSim]:
         first = proc.stdout.readline()
         if "listening on" not in first:
             raise RuntimeError(f"metrale sandbox-sim modal did not start: {first!r}")
-        env = {"MODAL_CONFIG_PATH": config.name}
+        env = {"MODAL_CONFIG_PATH": config_path}
         while len(env) < 5:
             key, _, value = proc.stdout.readline().strip().partition("=")
             env[key] = value
@@ -67,7 +67,7 @@ def start_modal_sim(*args: str) -> Iterator[ModalSim]:
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
-        os.unlink(config.name)
+        os.unlink(config_path)
 
 
 @pytest.fixture(scope="session")
