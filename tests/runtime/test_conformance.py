@@ -2,17 +2,17 @@
 the rollouts (and to the host) tested the same way for each. A runtime that does not make a
 promise skips that test with the reason, never silently.
 
-| promise                            | subprocess         | bwrap | docker      | ray-bwrap | modal   |
-| files, cwd, env, exit, timeout, cap| yes                | yes   | yes         | yes       | yes     |
-| background gone after stop()       | yes                | yes   | yes         | yes       | yes     |
-| kill_commands: all gone, box stays | yes (marker)       | yes   | yes         | yes       | no      |
-| network off by default             | no (host network)  | yes   | yes         | yes       | yes     |
-| process limit                      | no (root exempt)   | yes   | yes         | no (skip) | no      |
-| memory limit per process           | yes (RLIMIT_AS)    | yes   | yes         | no (skip) | yes     |
-| memory limit of the whole sandbox  | no                 | yes   | yes         | no (skip) | yes     |
-| CPU seconds / CPU rate             | seconds            | secs  | rate        | no (skip) | no      |
-| host secrets and files invisible   | env only           | yes   | yes         | no (skip) | yes     |
-| nothing left after SIGKILL of us   | no (no supervisor) | yes   | yes         | no (skip) | cleanup |
+| promise                             | subprocess         | bwrap | docker | ray-bwrap | modal   |
+| files, cwd, env, exit, timeout, cap | yes                | yes   | yes    | yes       | yes     |
+| background gone after stop()        | yes                | yes   | yes    | yes       | yes     |
+| kill_commands: all gone, box stays  | yes (marker)       | yes   | yes    | yes       | no      |
+| network off by default              | no (host network)  | yes   | yes    | yes       | yes     |
+| process limit                       | no (root exempt)   | yes   | yes    | no (skip) | no      |
+| memory limit per process            | yes (RLIMIT_AS)    | yes   | yes    | no (skip) | yes     |
+| memory limit of the whole sandbox   | no                 | yes   | yes    | no (skip) | yes     |
+| CPU seconds / CPU rate              | seconds            | secs  | rate   | no (skip) | no      |
+| host secrets and files invisible    | env only           | yes   | yes    | no (skip) | yes     |
+| nothing left after SIGKILL of us    | no (no supervisor) | yes   | yes    | no (skip) | cleanup |
 
 Ray over docker is not a case: ray's inner config accepts subprocess and bwrap only. modal runs
 against `metrale sandbox-sim modal` (bwrap sandboxes behind it, so the host can see their
