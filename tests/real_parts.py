@@ -72,11 +72,13 @@ REAL_FILES = frozenset({
     "tests/benchmarks/terminal_bench/test_shipped.py",
     "tests/matrix/test_html.py",
     "tests/sandbox_sim/test_backend.py",
+    "tests/runtime/test_prime.py",
+    "tests/sandbox_sim/test_prime_sdk.py",
     "tests/sandbox_sim/test_modal_sdk.py", "tests/sandbox_sim/test_modal_runs.py",
 })  # fmt: skip
 
 #: Parameter ids (split on "-") that name a real runtime.
-REAL_PARAMS = frozenset({"bwrap", "docker", "ray", "podman", "image", "modal"})
+REAL_PARAMS = frozenset({"bwrap", "docker", "ray", "podman", "image", "prime", "modal"})
 
 
 #: Source text that starts the metrale command line (not `metrale sim`) in a child process.

@@ -824,3 +824,19 @@ def test_a_resumed_unbounded_batch_runs_what_is_left_at_once() -> None:
     records = run(plan(ledger, count=6, skip={1, 4}, sleep_s=0.05, with_runtime=False))
     assert [r.index for r in records] == [0, 2, 3, 5]
     assert ledger.peak == 4
+
+
+def test_retries_a_runtime_made_within_its_start_count_as_runtime_retries() -> None:
+    """A remote runtime backs off and retries refused creations inside one start
+    (`start_retries`): each counts on the rollout, on top of `--retries-runtime`'s restarts."""
+
+    class Refused(FakeRuntime):
+        async def start(self) -> None:
+            self.start_retries = 3  # also counted when the start then fails
+            await super().start()
+
+    ledger = Ledger()
+    p = plan(ledger, fail_starts=1, runtime_retries=1)
+    p.make_runtime = lambda _index: Refused(ledger, fail_starts=1)
+    [record] = run(p)
+    assert record.error is None and record.runtime_retries == 3 + 1 + 3

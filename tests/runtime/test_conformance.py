@@ -14,9 +14,15 @@ promise skips that test with the reason, never silently.
 | host secrets and files invisible    | env only           | yes   | yes    | no (skip) | yes     |
 | nothing left after SIGKILL of us    | no (no supervisor) | yes   | yes    | no (skip) | cleanup |
 
-Ray over docker is not a case: ray's inner config accepts subprocess and bwrap only. modal runs
-against `metrale sandbox-sim modal` (bwrap sandboxes behind it, so the host can see their
-processes); a killed run's sandboxes live on in the service until `metrale cleanup`.
+Ray over docker is not a case: ray's inner config accepts subprocess and bwrap only. prime runs
+against `metrale sandbox-sim prime` (bwrap behind it) with the official SDK: files, commands,
+timeouts, caps, stop, kill_commands, memory and host isolation as bwrap; not promised: network
+off (a prime sandbox has the service's network), a process or CPU-seconds bound (the service
+bounds cores and memory), the CPU rate (the emulator's sandboxes do not), nothing left after a
+SIGKILL (a remote sandbox outlives its run until `metrale cleanup --runtime prime`). modal runs
+against `metrale sandbox-sim modal` the same way, promising the same less kill_commands (the
+service has no such call) and with the service's network off; a killed run's sandboxes live
+on in the service until `metrale cleanup --runtime modal`, which the SIGKILL case runs.
 Each test checks (the `marker` fixture) that no process of it is left on the host.
 """
 
@@ -41,7 +47,7 @@ from metrale.runtime import Runtime, create_runtime, runtime_config
 from tests.runtime.conftest import HAVE_BWRAP, processes_with, wait_gone
 from tests.runtime.engine import labelled_containers, require_engine
 
-RUNTIMES = ["subprocess", "bwrap", "docker", "ray-bwrap", "modal"]
+RUNTIMES = ["subprocess", "bwrap", "docker", "ray-bwrap", "prime", "modal"]
 
 
 def skip_unless(name: str, makes: bool, reason: str) -> None:
@@ -49,11 +55,32 @@ def skip_unless(name: str, makes: bool, reason: str) -> None:
         pytest.skip(f"{name}: {reason}")
 
 
+@pytest.fixture(scope="module")
+def prime_service() -> Iterator[None]:
+    """`metrale sandbox-sim prime` (bwrap behind it), this process's SDK pointed at it; one
+    sandbox made and deleted first, so the emulator's own shared files exist before any test
+    counts the host's directories."""
+    from tests.runtime.prime_emulator import client_env, prime_emulator
+
+    with prime_emulator() as emulator, client_env(emulator):
+
+        async def warm() -> None:
+            async with create_runtime(runtime_config("prime")) as rt:
+                await rt.run("true")
+
+        asyncio.run(warm())
+        yield
+        assert emulator.left() == [], "a sandbox outlived its test"
+
+
 @pytest.fixture(params=RUNTIMES)
 def name(request: pytest.FixtureRequest) -> str:
     runtime = request.param
-    if runtime in ("bwrap", "ray-bwrap", "modal") and not HAVE_BWRAP:
+    if runtime in ("bwrap", "ray-bwrap", "prime", "modal") and not HAVE_BWRAP:
         pytest.skip("bwrap not installed")
+    if runtime == "prime":
+        pytest.importorskip("prime_sandboxes", reason="the prime extra is not installed")
+        request.getfixturevalue("prime_service")
     if runtime == "docker":
         require_engine()
     if runtime == "modal":
@@ -271,6 +298,7 @@ def test_network_is_off_by_default(
     name: str, make: Callable[..., Runtime], listener: tuple[int, list[str]], marker: str
 ) -> None:
     skip_unless(name, name != "subprocess", "runs on the host network")
+    skip_unless(name, name != "prime", "a prime sandbox has the service's network")
     port, hosts = listener
 
     async def body(rt: Runtime) -> None:
@@ -305,6 +333,7 @@ FORKS = textwrap.dedent("""\
 def test_process_limit_holds(name: str, make: Callable[..., Runtime], marker: str) -> None:
     skip_unless(name, name != "subprocess",
                 "RLIMIT_NPROC binds no root process and counts the host user's")  # fmt: skip
+    skip_unless(name, name != "prime", "the service bounds memory and CPU, not processes")
     skip_unless(name, name != "modal", "the service has no process bound")
 
     async def body(rt: Runtime) -> None:
@@ -345,6 +374,7 @@ def test_memory_limit_of_the_whole_sandbox(
 
 def test_cpu_seconds_limit_kills(name: str, make: Callable[..., Runtime], marker: str) -> None:
     skip_unless(name, name != "docker", "docker limits the CPU rate (--cpus), not CPU seconds")
+    skip_unless(name, name != "prime", "the service bounds CPU cores, not CPU seconds")
     skip_unless(name, name != "modal", "the service reserves CPU cores, not CPU seconds")
 
     async def body(rt: Runtime) -> None:
@@ -355,9 +385,9 @@ def test_cpu_seconds_limit_kills(name: str, make: Callable[..., Runtime], marker
 
 
 def test_cpu_rate_limit_holds(name: str, make: Callable[..., Runtime], marker: str) -> None:
-    skip_unless(name, name == "docker",
-                "the emulator's sandboxes reserve no CPU rate" if name == "modal"
-                else "no CPU rate limit (RLIMIT_CPU seconds only)")  # fmt: skip
+    skip_unless(name, name not in ("prime", "modal"),
+                "the emulator's sandboxes do not bound the CPU rate")  # fmt: skip
+    skip_unless(name, name == "docker", "no CPU rate limit (RLIMIT_CPU seconds only)")
 
     async def body(rt: Runtime) -> None:
         # two busy loops for 3 s of wall clock may use up to 6 CPU seconds on 2 idle cores;
@@ -424,9 +454,13 @@ KILLED_RUN = textwrap.dedent("""\
 
 
 def test_nothing_is_left_after_a_sigkill_of_metrale(name: str, marker: str) -> None:
-    skip_unless(name, name in ("bwrap", "docker", "modal"),
-                "no supervisor outside metrale: a SIGKILLed run leaves its commands"
-                if name == "subprocess" else "Ray kills a dead driver's actors itself")  # fmt: skip
+    reasons = {
+        "subprocess": "no supervisor outside metrale: a SIGKILLed run leaves its commands",
+        "ray-bwrap": "Ray kills a dead driver's actors itself",
+        "prime": "a remote sandbox outlives a killed run until `metrale cleanup --runtime "
+        "prime` (tests/runtime/test_prime.py)",
+    }
+    skip_unless(name, name in ("bwrap", "docker", "modal"), reasons.get(name, ""))
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLED_RUN, name, marker],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -54,6 +54,11 @@ def test_the_rate_limit_admits_a_second_s_worth_then_refuses_then_refills() -> N
     assert faults.refused == 4
 
 
+def test_a_rate_below_one_per_second_still_admits_the_first() -> None:
+    faults = Faults(FaultConfig(create_rate=0.1))
+    assert [faults.admit_creation(0) is None for _ in range(2)] == [True, False]
+
+
 def test_the_quota_counts_live_sandboxes() -> None:
     faults = Faults(FaultConfig(quota=3))
     assert faults.admit_creation(2) is None

@@ -14,6 +14,7 @@ from metrale.bounds import (
     MAX_PROCS,
     MEMORY_MB,
     RATE_PER_S,
+    TIMEOUT_S,
     TMPFS_MB,
 )
 from metrale.cli.parsing import bounded
@@ -35,7 +36,7 @@ def add_runtime_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None
         if sweep
         else "where rollouts' commands run",
     )
-    names = "none (in metrale's process), subprocess, bwrap, docker or ray"
+    names = "none (in metrale's process), subprocess, bwrap, docker, ray or prime"
     g.add_argument(
         "--runtime",
         metavar="LIST" if sweep else "NAME",
@@ -67,7 +68,16 @@ def add_runtime_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None
         help="keep N sandboxes started ahead of the rollouts that will use them, each used "
         "once (default 0); their start is reported as pool_start, apart from setup",
     )
-    g.add_argument("--image", help="docker: image (default metrale/base:bookworm)")
+    g.add_argument(
+        "--image", help="docker: image (default metrale/base:bookworm); prime: a registry name"
+    )
+    g.add_argument(
+        "--start-timeout",
+        type=bounded(TIMEOUT_S),
+        metavar="S",
+        help="prime: seconds from a creation to a usable sandbox (default 300); past it the "
+        "rollout fails with runtime_start and its sandbox is deleted",
+    )
     g.add_argument("--docker-cli", metavar="CLI", help="docker: CLI to use (docker, podman)")
     g.add_argument("--ray-address", metavar="ADDR", help="ray: auto, HOST:PORT or local")
     g.add_argument(
@@ -159,6 +169,7 @@ def _env_args(items: list[str] | None) -> dict[str, str] | None:
 #: each runtime-shaping flag: its argparse dest and its `runtime_config` option
 _FLAGS: dict[str, tuple[str, str]] = {
     "--image": ("image", "image"),
+    "--start-timeout": ("start_timeout", "start_timeout"),
     "--docker-cli": ("docker_cli", "cli"),
     "--ray-address": ("ray_address", "address"),
     "--ray-inner": ("ray_inner", "inner"),

@@ -323,21 +323,20 @@ async def _run_one(
 
 async def _start_runtime(plan: RolloutPlan, record: RolloutRecord) -> Runtime:
     """Start a runtime, retrying up to `runtime_retries`; whatever happens to a start (it fails,
-    or the run is cancelled while it is under way), that runtime's `stop()` runs to its end."""
+    or the run is cancelled while it is under way), that runtime's `stop()` runs to its end.
+    A runtime that retried within its start (a remote service's 429s) says how many times in
+    `start_retries`; those count as the rollout's runtime retries too."""
     assert plan.make_runtime is not None
     attempt = 0
     while True:
         runtime = plan.make_runtime(record.index)
         try:
-            try:
-                if plan.limiter is None:
+            if plan.limiter is None:
+                await runtime.start()
+            else:
+                async with plan.limiter.slot() as slot:
+                    record.setup_wait_s = (record.setup_wait_s or 0.0) + slot.waited_s
                     await runtime.start()
-                else:
-                    async with plan.limiter.slot() as slot:
-                        record.setup_wait_s = (record.setup_wait_s or 0.0) + slot.waited_s
-                        await runtime.start()
-            finally:  # a remote runtime's own retries of a refused creation (rate limit, quota)
-                record.runtime_retries += getattr(runtime, "start_retries", 0)
             return runtime
         except BaseException as exc:
             await finish(runtime.stop())
@@ -345,6 +344,9 @@ async def _start_runtime(plan: RolloutPlan, record: RolloutRecord) -> Runtime:
                 raise
             attempt += 1
             record.runtime_retries += 1
+        finally:
+            # a remote service's refusals its runtime backed off and retried within one start
+            record.runtime_retries += getattr(runtime, "start_retries", 0)
 
 
 async def _warm_start(plan: RolloutPlan, index: int) -> Warm:

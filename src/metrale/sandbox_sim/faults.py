@@ -65,8 +65,9 @@ class Faults:
         self.config = config
         self._rng = random.Random(config.seed)
         rate = config.create_rate
-        #: token bucket: one second's worth of creations may arrive at once
-        self._tokens = float(rate) if rate else 0.0
+        #: token bucket: one second's worth of creations (at least one) may arrive at once
+        self._burst = max(1.0, float(rate)) if rate else 0.0
+        self._tokens = self._burst
         self._refilled = time.monotonic()
         self.refused = 0
 
@@ -91,7 +92,7 @@ class Faults:
         if not rate:
             return None
         now = time.monotonic()
-        self._tokens = min(float(rate), self._tokens + (now - self._refilled) * rate)
+        self._tokens = min(self._burst, self._tokens + (now - self._refilled) * rate)
         self._refilled = now
         if self._tokens < 1:
             self.refused += 1
