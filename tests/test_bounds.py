@@ -109,10 +109,10 @@ def test_every_benchmark_parameter_refuses_nan_and_infinities(name: str, spec: o
 
 
 def _numeric_runtime_options() -> Iterator[tuple[str, str]]:
-    from metrale.runtime.configs import CONFIGS, runtime_config
+    from metrale.runtime.configs import runtime_config
+    from metrale.runtime.registry import config_classes
 
-    for cls in CONFIGS:
-        name = cls.model_fields["type"].default
+    for name, cls in config_classes().items():
         for key in cls.flat_keys():
             for probe in (64, 1.5):
                 try:

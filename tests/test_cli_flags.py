@@ -315,3 +315,38 @@ def test_target_flags_are_refused_when_no_model_is_called(fake_cli, command: str
     # with a model to call, the target is probed (and here, refused as unreachable)
     proc = fake_cli(command, "nomodel", "--agent", "model", "--target", "http://127.0.0.1:9")
     assert proc.returncode == 2 and "connection refused" in proc.stderr
+
+
+def test_list_names_every_installed_runtime_with_its_capabilities() -> None:
+    from metrale.runtime.registry import config_class, runtime_names
+
+    proc = run_cli(["list"])
+    assert proc.returncode == 0
+    tail = proc.stdout.split("runtimes (--runtime NAME)", 1)[1].splitlines()[1:]
+    listed = {line.split()[0]: line for line in tail if line.startswith("  ")}
+    assert set(listed) == set(runtime_names()) >= {"subprocess", "bwrap", "docker", "ray"}
+    for name, line in listed.items():
+        for capability in config_class(name).capabilities:
+            assert capability.value in line, (name, capability)
+
+
+def test_a_run_that_gives_no_runtimes_own_flag_loads_no_runtime_module() -> None:
+    """Each runtime's own flags come from its config class, so building them imports every
+    runtime's module: only a command line that may use them (help, a `--<runtime>-` token)
+    pays for it."""
+    code = (
+        "import sys\n"
+        "from metrale.cli import main\n"
+        "main(['run', 'gsm8k', '--rollouts', '0'])\n"
+        "print(sorted(m for m in sys.modules if m.startswith('metrale.runtime.')))\n"
+        "main(['run', 'gsm8k', '--docker-cli', 'x', '--rollouts', '0'])\n"
+        "print('metrale.runtime.docker' in sys.modules)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    loaded, docker = proc.stdout.strip().splitlines()[-2:]
+    assert loaded == "['metrale.runtime.base', 'metrale.runtime.registry']"
+    assert docker == "True"  # `--docker-cli` was parsed as docker's flag, not unknown
+    assert "--docker-cli shapes the docker runtime" not in proc.stderr

@@ -21,6 +21,7 @@ from metrale.errors import UsageError
 from metrale.plugin import Descriptor, Metric, ParamSpec, PluginHandle, Status
 from metrale.rollout import RolloutBenchmark, RolloutContext, Tokens, bound_check
 from metrale.rundir import RunArtifacts
+from metrale.runtime.base import Capability
 from metrale.runtime.configs import runtime_config
 
 
@@ -241,7 +242,7 @@ def test_parameters_and_axes() -> None:
 
 def test_the_runtime_a_benchmark_accepts() -> None:
     class Sandboxed(Toy):
-        runtimes = ("bwrap", "docker")
+        needs = frozenset({Capability.TASK_IMAGE})
         runtime_reason = "its agent runs shell commands"
         default_runtime = "bwrap"
 
@@ -252,20 +253,30 @@ def test_the_runtime_a_benchmark_accepts() -> None:
     with pytest.raises(UsageError) as info:
         Sandboxed().runtime_choice(sub)
     assert str(info.value) == (
-        "toy cannot run in the subprocess runtime (its agent runs shell commands); "
-        "accepted: bwrap, docker"
+        "toy cannot run in the subprocess runtime (its agent runs shell commands): it lacks "
+        "task_image; accepted: bwrap, docker"
     )
     Sandboxed.runtime_reason = ""
     with pytest.raises(UsageError) as info:
         Sandboxed().runtime_choice(sub)
-    assert str(info.value) == "toy cannot run in the subprocess runtime; accepted: bwrap, docker"
+    assert str(info.value) == (
+        "toy cannot run in the subprocess runtime: it lacks task_image; accepted: bwrap, docker"
+    )
+    # a runtime is judged by what it provides, not by its name: ray over bwrap runs images
+    over_bwrap = runtime_config("ray", inner="bwrap")
+    assert Sandboxed().runtime_choice(over_bwrap) is over_bwrap
+    with pytest.raises(UsageError, match="ray runtime.*lacks task_image"):
+        Sandboxed().runtime_choice(runtime_config("ray"))
 
     class Unexplained(Toy):  # says no reason at all: the message has none
-        runtimes = ("bwrap",)
+        needs = frozenset({Capability.BOUNDS, Capability.HOST_PATHS})
 
     with pytest.raises(UsageError) as info:
         Unexplained().runtime_choice(sub)
-    assert str(info.value) == "toy cannot run in the subprocess runtime; accepted: bwrap"
+    assert (
+        str(info.value)
+        == "toy cannot run in the subprocess runtime: it lacks bounds; accepted: bwrap"
+    )
 
 
 def test_a_benchmark_declaring_no_metric_of_its_own_has_the_rollout_ones() -> None:
@@ -318,4 +329,4 @@ def test_documented_defaults_of_a_rollout_benchmark() -> None:
     rollouts = Plain().parameters()[0]
     assert (rollouts.default, rollouts.max) == (64, 1_000_000)
     assert Plain.resumable is True and Plain.keep_records is False
-    assert Plain.runtimes is None and Plain.default_runtime is None and Plain.extra_axes == ()
+    assert Plain.needs == frozenset() and Plain.default_runtime is None and Plain.extra_axes == ()

@@ -41,6 +41,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "metrale.errors",
             "metrale.net",
             "metrale.datasets",
+            "metrale.entry",
             "metrale",  # the package itself: its version only
         ),
     ),

@@ -8,8 +8,8 @@ process outlives its command).
 
 One module holds the whole runtime: the config (pydantic, picked by its `type`) and the runtime
 itself. tests/docs/test_examples.py copies it into a copy of the source tree as
-`src/metrale/runtime/netless.py`, makes the one-line registration extending.md shows, and runs
-it through `metrale exec` and `metrale run`.
+`src/metrale/runtime/netless.py`, installs the one entry-point line extending.md shows beside
+it, and runs it through `metrale exec` and `metrale run`.
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from metrale.errors import UsageError
 from metrale.runtime.base import (
+    Capability,
     ProgramResult,
     Runtime,
     RuntimeBase,
@@ -44,6 +45,9 @@ UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "
 class NetlessConfig(RuntimeConfig):
     """What `--runtime netless` and `runtime_config("netless", ...)` build."""
 
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.NETWORK_OFF, Capability.KILL_COMMANDS}
+    )
     type: Literal["netless"] = "netless"  # type: ignore[assignment]
     env: dict[str, str] = Field(default_factory=dict)
 

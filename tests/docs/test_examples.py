@@ -127,17 +127,18 @@ def test_a_budget_on_the_new_metric_decides_the_verdict(
 @pytest.fixture
 def tree_with_netless(tmp_path: Path) -> Path:
     """A copy of the source tree with the runtime added as extending.md says: the module at
-    src/metrale/runtime/netless.py and the registration line in configs.py."""
+    src/metrale/runtime/netless.py and the entry-point line, installed beside it as a
+    distribution's metadata (what `pip install -e .` would write)."""
     src = tmp_path / "src"
     shutil.copytree(ROOT / "src", src, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(EXAMPLES / "netless_runtime.py", src / "metrale" / "runtime" / "netless.py")
-    configs = src / "metrale" / "runtime" / "configs.py"
-    text = configs.read_text()
-    registration = doc_block("The registration**: put the module")
-    imported, _, registered = registration.strip().partition("\n")
-    old = re.search(r"^CONFIGS: .*$", text, re.M)
-    assert old, "configs.py has no CONFIGS line: extending.md's registration step is out of date"
-    configs.write_text(text.replace(old.group(0), f"{imported}\n{registered}", 1))
+    declared = tomllib.loads(doc_block("The registration**: one entry-point line"))
+    group = declared["project"]["entry-points"]["metrale.runtimes"]
+    info = src / "metrale_netless-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: metrale-netless\nVersion: 0.1\n")
+    lines = "".join(f"{name} = {target}\n" for name, target in group.items())
+    (info / "entry_points.txt").write_text(f"[metrale.runtimes]\n{lines}")
     return src
 
 

@@ -24,6 +24,11 @@ against `metrale sandbox-sim modal` the same way, promising the same less kill_c
 service has no such call) and with the service's network off; a killed run's sandboxes live
 on in the service until `metrale cleanup --runtime modal`, which the SIGKILL case runs.
 Each test checks (the `marker` fixture) that no process of it is left on the host.
+
+Any installed runtime can be put through it: `METRALE_CONFORMANCE_RUNTIMES=NAME[,NAME]` adds
+it to the cases (tests/runtime/test_runtime_plugin.py does so for a runtime of another
+package). A promise beyond the basic ones is tested where the runtime declares the capability
+that makes it (`Capability`): a runtime is held to what it says of itself.
 """
 
 from __future__ import annotations
@@ -44,15 +49,31 @@ from typing import Any
 import pytest
 
 from metrale.runtime import Runtime, create_runtime, runtime_config
+from metrale.runtime.base import Capability
+from metrale.runtime.registry import config_class
 from tests.runtime.conftest import HAVE_BWRAP, processes_with, wait_gone
 from tests.runtime.engine import labelled_containers, require_engine
 
-RUNTIMES = ["subprocess", "bwrap", "docker", "ray-bwrap", "prime", "modal"]
+BUILT_IN = ["subprocess", "bwrap", "docker", "ray-bwrap", "prime", "modal"]
+EXTRA = [n for n in os.environ.get("METRALE_CONFORMANCE_RUNTIMES", "").split(",") if n.strip()]
+RUNTIMES = [*BUILT_IN, *(n.strip() for n in EXTRA)] if EXTRA else BUILT_IN
 
 
 def skip_unless(name: str, makes: bool, reason: str) -> None:
     if not makes:
         pytest.skip(f"{name}: {reason}")
+
+
+def declares(name: str, capability: Capability) -> bool:
+    """Whether runtime `name` says it makes the promise `capability` stands for."""
+    if name == "ray-bwrap":
+        return not runtime_config("ray", inner="bwrap").lacks(frozenset({capability}))
+    return capability in config_class(name).capabilities
+
+
+def takes(name: str, option: str) -> bool:
+    """Whether runtime `name` has the flat option (`memory_mb`, `cpu_s`, ...)."""
+    return option in config_class("ray" if name == "ray-bwrap" else name).flat_keys()
 
 
 @pytest.fixture(scope="module")
@@ -81,10 +102,11 @@ def name(request: pytest.FixtureRequest) -> str:
     if runtime == "prime":
         pytest.importorskip("prime_sandboxes", reason="the prime extra is not installed")
         request.getfixturevalue("prime_service")
+    if runtime == "modal":
+        pytest.importorskip("modal", reason="the modal extra is not installed")
+        request.getfixturevalue("modal_sim")
     if runtime == "docker":
         require_engine()
-    if runtime == "modal":
-        request.getfixturevalue("modal_sim")
     return runtime
 
 
@@ -195,7 +217,7 @@ def test_kill_commands_ends_every_process_and_keeps_the_sandbox(
     name: str, make: Callable[..., Runtime], marker: str
 ) -> None:
     """What scoring relies on: a daemon left by one phase does not run into the next."""
-    skip_unless(name, name != "modal", "the service has no call that ends a sandbox's processes")
+    skip_unless(name, declares(name, Capability.KILL_COMMANDS), "declares no kill_commands")
 
     async def body(rt: Runtime) -> None:
         await rt.run(
@@ -297,7 +319,7 @@ def test_the_network_probe_reaches_the_host_from_the_host(
 def test_network_is_off_by_default(
     name: str, make: Callable[..., Runtime], listener: tuple[int, list[str]], marker: str
 ) -> None:
-    skip_unless(name, name != "subprocess", "runs on the host network")
+    skip_unless(name, declares(name, Capability.NETWORK_OFF), "runs on the host network")
     skip_unless(name, name != "prime", "a prime sandbox has the service's network")
     port, hosts = listener
 
@@ -331,10 +353,9 @@ FORKS = textwrap.dedent("""\
 
 
 def test_process_limit_holds(name: str, make: Callable[..., Runtime], marker: str) -> None:
-    skip_unless(name, name != "subprocess",
-                "RLIMIT_NPROC binds no root process and counts the host user's")  # fmt: skip
-    skip_unless(name, name != "prime", "the service bounds memory and CPU, not processes")
-    skip_unless(name, name != "modal", "the service has no process bound")
+    skip_unless(name, declares(name, Capability.BOUNDS),
+                "RLIMIT_NPROC binds no root process and counts the host user's"
+                if name == "subprocess" else "declares no process bound")  # fmt: skip
 
     async def body(rt: Runtime) -> None:
         await rt.write("forks.py", FORKS)
@@ -352,6 +373,8 @@ MEMORY_HOG = (
 
 
 def test_memory_limit_per_process(name: str, make: Callable[..., Runtime], marker: str) -> None:
+    skip_unless(name, takes(name, "memory_mb"), "has no memory limit")
+
     async def body(rt: Runtime) -> None:
         result = await rt.run(MEMORY_HOG.format(mb=400, s=0), timeout=60)
         assert "held" not in result.stdout and result.exit_code != 0
@@ -362,7 +385,7 @@ def test_memory_limit_per_process(name: str, make: Callable[..., Runtime], marke
 def test_memory_limit_of_the_whole_sandbox(
     name: str, make: Callable[..., Runtime], marker: str
 ) -> None:
-    skip_unless(name, name != "subprocess", "per-process limits only")
+    skip_unless(name, declares(name, Capability.BOUNDS), "per-process limits only")
 
     async def body(rt: Runtime) -> None:
         hogs = " ".join(f"{MEMORY_HOG.format(mb=100, s=3)} &" for _ in range(6))
@@ -374,8 +397,8 @@ def test_memory_limit_of_the_whole_sandbox(
 
 def test_cpu_seconds_limit_kills(name: str, make: Callable[..., Runtime], marker: str) -> None:
     skip_unless(name, name != "docker", "docker limits the CPU rate (--cpus), not CPU seconds")
+    skip_unless(name, takes(name, "cpu_s"), "has no CPU seconds limit")
     skip_unless(name, name != "prime", "the service bounds CPU cores, not CPU seconds")
-    skip_unless(name, name != "modal", "the service reserves CPU cores, not CPU seconds")
 
     async def body(rt: Runtime) -> None:
         result = await rt.run(f"echo {marker} >/dev/null; while :; do :; done", timeout=30)
@@ -419,7 +442,8 @@ def test_host_secrets_are_invisible(
 def test_host_files_are_invisible(
     name: str, make: Callable[..., Runtime], marker: str, tmp_path: Path
 ) -> None:
-    skip_unless(name, name != "subprocess", "runs on the host filesystem")
+    skip_unless(name, declares(name, Capability.TASK_IMAGE) or declares(name, Capability.REMOTE),
+                "runs on the host filesystem")  # fmt: skip
     secret = tmp_path / "host-secret.txt"
     secret.write_text(f"secret-{marker}")
     home = Path.home() / ".ssh"
@@ -460,7 +484,8 @@ def test_nothing_is_left_after_a_sigkill_of_metrale(name: str, marker: str) -> N
         "prime": "a remote sandbox outlives a killed run until `metrale cleanup --runtime "
         "prime` (tests/runtime/test_prime.py)",
     }
-    skip_unless(name, name in ("bwrap", "docker", "modal"), reasons.get(name, ""))
+    skip_unless(name, name in ("bwrap", "docker", "modal") and declares(name, Capability.LEFTOVERS),
+                reasons.get(name, ""))  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLED_RUN, name, marker],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -22,7 +22,7 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 from metrale.rollout import RolloutPlan, run_rollouts  # noqa: E402
 from metrale.runtime import create_runtime, runtime_config  # noqa: E402
 from metrale.runtime.ray import RayRuntime  # noqa: E402
-from metrale.runtime.ray import _reload_ray_auth as reload_ray_auth  # noqa: E402
+from metrale.runtime.ray_cluster import _reload_ray_auth as reload_ray_auth  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

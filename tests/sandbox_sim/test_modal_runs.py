@@ -104,7 +104,7 @@ STARTS = """
             await rt.stop()
 
     async def main():
-        config = runtime_config("modal", start_timeout_s=4)
+        config = runtime_config("modal", start_timeout=4)
         kinds = await asyncio.gather(*(one(config) for _ in range(8)))
         print(json.dumps(kinds))
 
@@ -118,6 +118,21 @@ def test_stuck_creations_are_runtime_start_errors_and_deleted() -> None:
         assert "runtime_start" in kinds and "ok" in kinds, kinds
         assert set(kinds) == {"ok", "runtime_start"}
         assert modal_sim.state()["created"] == 8
+        assert modal_sim.live() == []
+
+
+def test_stuck_rollouts_fail_with_runtime_start_and_nothing_is_left(
+    sim: Sim, tmp_path: Path
+) -> None:
+    with start_modal_sim("--stuck", "0.1", "--seed", "1") as modal_sim:
+        out = tmp_path / "run"
+        done = run_cli([*_gsm8k(sim, out, 32), "--start-timeout", "4"],
+                       env=modal_sim.child_env())  # fmt: skip
+        records = lines(out / "rollouts.jsonl")
+        assert len(records) == 32, done.stderr[-3000:]
+        errors = [r["error"] for r in records if r["error"]]
+        assert errors, "no creation was stuck"
+        assert {(e["type"], e["stage"]) for e in errors} == {("runtime_start", "setup")}
         assert modal_sim.live() == []
 
 

@@ -34,6 +34,7 @@ from metrale.cli import (
 )
 from metrale.cli.logs import configure as configure_logging
 from metrale.cli.parsing import Parser
+from metrale.cli.runtime_flags import own_flags_for
 from metrale.errors import EXIT_USAGE, MetraleError
 from metrale.fmt import safe_text
 
@@ -148,8 +149,9 @@ def _sweep_file_benchmark(path: Path) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        parser = build_parser(peek_benchmark(argv))
-        args, extra = parser.parse_known_args(argv)
+        with own_flags_for(argv):
+            parser = build_parser(peek_benchmark(argv))
+            args, extra = parser.parse_known_args(argv)
         configure_logging(args.verbose)
         if getattr(args, "handler", None) is None:
             parser.print_help(sys.stderr)

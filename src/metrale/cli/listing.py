@@ -20,10 +20,10 @@ _DEFAULT_WIDTH = 24
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "list",
-        help="list benchmarks with their parameters",
+        help="list benchmarks with their parameters, and the runtimes",
         description="Every installed benchmark with its parameters (flags of 'metrale run "
         "BENCH' and 'metrale matrix BENCH'): type and bounds, default, and whether a sweep "
-        "may vary it ('axis').",
+        "may vary it ('axis'); then every installed runtime with what it provides.",
     )
     p.add_argument(
         "--json", action="store_true", help="as JSON, with sweep axes and honoured flags"
@@ -50,6 +50,7 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
         print(json.dumps(out, indent=2))
         return 0
     print(safe_text(render_list(found)))
+    print(safe_text(render_runtimes()))
     return 0
 
 
@@ -80,6 +81,30 @@ def render_list(found: dict[str, type[Benchmark]]) -> str:
             )
         lines.append("")
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def render_runtimes() -> str:
+    """One line per installed runtime: its name, its capabilities, its docstring's first
+    sentence. A plugin that cannot be loaded is listed with why."""
+    from metrale.errors import UsageError
+    from metrale.runtime.registry import config_class, runtime_names
+
+    rows: list[tuple[str, str, str]] = []
+    for name in runtime_names():
+        try:
+            cls = config_class(name)
+        except UsageError as exc:
+            rows.append((name, "-", str(exc)))
+            continue
+        doc = " ".join((cls.__doc__ or "").split()).split(". ")[0].rstrip(".")
+        caps = ", ".join(sorted(cls.capabilities)) or "-"
+        if "inner" in cls.model_fields:  # a runtime holding another: what that one provides
+            caps = "its inner runtime's"
+        rows.append((name, caps, doc if len(doc) <= 90 else doc[:87] + "..."))
+    width = [max((len(r[i]) for r in rows), default=0) for i in range(2)]
+    lines = ["runtimes (--runtime NAME), with the capabilities benchmarks ask for:"]
+    lines += [f"  {n:<{width[0]}}  {c:<{width[1]}}  {d}" for n, c, d in rows]
+    return "\n".join(lines) + "\n"
 
 
 def _default_text(default: object) -> str:

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import os
-from typing import TYPE_CHECKING
+import types
+import typing
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from metrale.bounds import (
     BYTES,
@@ -36,7 +41,9 @@ def add_runtime_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None
         if sweep
         else "where rollouts' commands run",
     )
-    names = "none (in metrale's process), subprocess, bwrap, docker, ray or prime"
+    from metrale.runtime.registry import runtime_names
+
+    names = f"none (in metrale's process), {', '.join(runtime_names())}"
     g.add_argument(
         "--runtime",
         metavar="LIST" if sweep else "NAME",
@@ -69,19 +76,16 @@ def add_runtime_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None
         "once (default 0); their start is reported as pool_start, apart from setup",
     )
     g.add_argument(
-        "--image", help="docker: image (default metrale/base:bookworm); prime: a registry name"
-    )
-    g.add_argument(
         "--start-timeout",
         type=bounded(TIMEOUT_S),
         metavar="S",
-        help="prime: seconds from a creation to a usable sandbox (default 300); past it the "
-        "rollout fails with runtime_start and its sandbox is deleted",
+        help="remote runtimes (prime, modal): seconds from a creation to a usable sandbox "
+        "(default 300); past it the rollout fails with runtime_start and its sandbox is deleted",
     )
-    g.add_argument("--docker-cli", metavar="CLI", help="docker: CLI to use (docker, podman)")
-    g.add_argument("--ray-address", metavar="ADDR", help="ray: auto, HOST:PORT or local")
     g.add_argument(
-        "--ray-inner", metavar="NAME", help="ray: sandbox per actor, subprocess or bwrap"
+        "--image",
+        help="the sandbox's image, for runtimes that run one (docker: default "
+        "metrale/base:bookworm; remote runtimes: a registry name)",
     )
     g.add_argument(
         "--cpu-seconds",
@@ -144,6 +148,9 @@ def add_runtime_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None
         metavar="BYTES",
         help="stdout/stderr kept per command, head and tail (default 1 MiB)",
     )
+    for flag, (runtime, _, kind, text) in (own_flags() if _OWN_WANTED[0] else {}).items():
+        g.add_argument(flag, dest=_dest(flag), type=_PARSERS[kind], metavar=_METAVARS[kind],
+                       help=f"{runtime}: {text}")  # fmt: skip
 
 
 def _env_args(items: list[str] | None) -> dict[str, str] | None:
@@ -166,13 +173,83 @@ def _env_args(items: list[str] | None) -> dict[str, str] | None:
     return env
 
 
-#: each runtime-shaping flag: its argparse dest and its `runtime_config` option
+def _parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("true", "yes", "1", "on"):
+        return True
+    if value in ("false", "no", "0", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean; accepted: true, false")
+
+
+_PARSERS: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": _parse_bool}
+_METAVARS = {"str": "TEXT", "int": "N", "float": "X", "bool": "BOOL"}
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def _kind(annotation: Any) -> str | None:
+    """The flag type of a config field: a scalar (or an optional one), else None (no flag)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        annotation = args[0]
+    for kind, cls in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+        if annotation is cls:
+            return kind
+    if typing.get_origin(annotation) is typing.Literal:
+        return "str"
+    from metrale.runtime.base import RuntimeConfig
+
+    if annotation is RuntimeConfig:  # a runtime holding another (ray's inner): by its name
+        return "str"
+    return None
+
+
+#: whether the parser being built needs the runtimes' own flags (`only_own_flags_in`)
+_OWN_WANTED = [True]
+
+
+@contextlib.contextmanager
+def own_flags_for(argv: Sequence[str]) -> Iterator[None]:
+    """While parsing `argv`: build the runtimes' own flags only when it may use them (help, or
+    a token that starts with `--<runtime>-` for an installed runtime). Making them loads every
+    runtime's config module (~15 ms), which a run that gives none of them need not pay."""
+    from metrale.runtime.registry import runtime_names
+
+    prefixes = tuple(f"--{name}-".replace("_", "-") for name in runtime_names())
+    _OWN_WANTED[0] = any(token in ("-h", "--help") or token.startswith(prefixes) for token in argv)
+    try:
+        yield
+    finally:
+        _OWN_WANTED[0] = True
+
+
+@functools.cache
+def own_flags() -> dict[str, tuple[str, str, str, str]]:
+    """`--<runtime>-<field>` for each scalar field with a description of each installed
+    runtime's config that no shared flag sets: flag -> (runtime, field, kind, help). Generated,
+    so a runtime from another package gets its flags by declaring its fields."""
+    from metrale.runtime.base import RuntimeConfig
+    from metrale.runtime.registry import config_classes
+
+    shared = {option for _, option in _FLAGS.values()} | set(RuntimeConfig.model_fields)
+    flags: dict[str, tuple[str, str, str, str]] = {}
+    for runtime, cls in config_classes().items():
+        for field, info in cls.model_fields.items():
+            kind = _kind(info.annotation)
+            if field in shared or not info.description or kind is None:
+                continue
+            flag = f"--{runtime}-{field}".replace("_", "-")
+            flags[flag] = (runtime, field, kind, info.description)
+    return flags
+
+
+#: each shared runtime-shaping flag: its argparse dest and its `runtime_config` option
 _FLAGS: dict[str, tuple[str, str]] = {
     "--image": ("image", "image"),
     "--start-timeout": ("start_timeout", "start_timeout"),
-    "--docker-cli": ("docker_cli", "cli"),
-    "--ray-address": ("ray_address", "address"),
-    "--ray-inner": ("ray_inner", "inner"),
     "--cpu-seconds": ("cpu_seconds", "cpu_s"),
     "--memory-mb": ("memory_mb", "memory_mb"),
     "--max-procs": ("max_procs", "max_procs"),
@@ -191,9 +268,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
 
 def given_runtime_flags(args: argparse.Namespace) -> list[str]:
     """The runtime flags the user gave, `--runtime none` excepted (it asks for no runtime)."""
-    given = [
-        flag for flag, (dest, _) in _FLAGS.items() if getattr(args, dest, None) not in (None, False)
-    ]
+    given = shaping_flags(args)
     if getattr(args, "retries_runtime", None) is not None:
         given.insert(0, "--retries-runtime")
     runtime = getattr(args, "runtime", None)
@@ -203,8 +278,20 @@ def given_runtime_flags(args: argparse.Namespace) -> list[str]:
 
 
 def runtime_options(args: argparse.Namespace, name: str) -> dict[str, object]:
-    """The `runtime_config` options the shaping flags give for runtime `name`."""
+    """The `runtime_config` options the shaping flags give for runtime `name` (its own
+    `--<name>-<field>` flags, and those of the runtime it holds, as ray's `--ray-inner`)."""
     options: dict[str, object] = {}
+    inner = getattr(args, "ray_inner", None) if name == "ray" else None
+    for flag, (runtime, field, _, _) in (own_flags() if _OWN_WANTED[0] else {}).items():
+        value = getattr(args, _dest(flag), None)
+        if value is None:
+            continue
+        if runtime not in (name, inner):
+            raise UsageError(
+                f"{flag} shapes the {runtime} runtime, and this run's is {name}; accepted: "
+                f"--runtime {runtime}"
+            )
+        options[field] = value
     for dest, option in _FLAGS.values():
         value = getattr(args, dest, None)
         if value is None or value is False:
@@ -218,7 +305,14 @@ def runtime_options(args: argparse.Namespace, name: str) -> dict[str, object]:
 
 
 def shaping_flags(args: argparse.Namespace) -> list[str]:
-    return [flag for flag, (dest, _) in _FLAGS.items() if getattr(args, dest, None)]
+    """Every runtime-shaping flag given (the shared ones, then each runtime's own)."""
+    given = [flag for flag, (dest, _) in _FLAGS.items() if getattr(args, dest, None)]
+    given += [
+        f
+        for f in (own_flags() if _OWN_WANTED[0] else {})
+        if getattr(args, _dest(f), None) is not None
+    ]
+    return given
 
 
 def runtime_from_args(args: argparse.Namespace) -> RuntimeConfig | None:

@@ -15,10 +15,10 @@ points; only `lifecycle` reaches below it, opening the chat client when a run ca
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
+from metrale.entry import group
 from metrale.errors import UsageError
 from metrale.plugin.handle import Artifacts, PluginHandle, Resume
 from metrale.plugin.metrics import Metric, MetricDeclaration, Stat, compute, find_metric
@@ -114,7 +114,7 @@ class CurvesRuns(Protocol):
 def discover() -> dict[str, type[Benchmark]]:
     """Every benchmark registered under the `metrale.benchmarks` entry-point group."""
     found: dict[str, type[Benchmark]] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+    for ep in group(ENTRY_POINT_GROUP):
         found[ep.name] = ep.load()
     return dict(sorted(found.items()))
 
@@ -122,7 +122,7 @@ def discover() -> dict[str, type[Benchmark]]:
 def benchmark_ids() -> list[str]:
     """The ids of the installed benchmarks, read from their entry points without importing
     any of them."""
-    return sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+    return sorted({ep.name for ep in group(ENTRY_POINT_GROUP)})
 
 
 def canonical_id(benchmark_id: str) -> str:
@@ -135,7 +135,7 @@ def get_benchmark(benchmark_id: str) -> type[Benchmark]:
     serve's HTTP client, ~80 ms of imports, into every run's start-up)."""
     key = canonical_id(benchmark_id)
     names = []
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+    for ep in group(ENTRY_POINT_GROUP):
         if ep.name == key:
             found: type[Benchmark] = ep.load()
             return found

@@ -27,15 +27,17 @@ def cleanup(
     options per runtime (`{"docker": {"cli": "podman"}}`). A runtime that cannot look (no
     engine, no credentials) says so in a note; the others still clean."""
     from metrale.runtime.configs import runtime_config
-    from metrale.runtime.registry import config_class, config_classes
+    from metrale.runtime.registry import config_class, runtime_names
 
     report = CleanupReport()
-    classes = (
-        {name: config_class(name) for name in runtimes}
-        if runtimes is not None
-        else config_classes()
-    )
-    for name, cls in classes.items():
+    for name in runtimes if runtimes is not None else runtime_names():
+        try:
+            cls = config_class(name)
+        except UsageError as exc:
+            if runtimes is not None and name not in runtime_names():
+                raise  # a name the user gave that is not installed: their mistake
+            report.notes.append(f"{name}: not checked: {exc}")
+            continue
         if Capability.LEFTOVERS not in cls.capabilities:
             if runtimes is not None:
                 report.notes.append(f"{name}: leaves nothing behind to look for")

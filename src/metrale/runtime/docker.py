@@ -399,16 +399,18 @@ class DockerConfig(RuntimeConfig):
     )
     type: Literal["docker"] = "docker"
     image: str = DEFAULT_IMAGE
-    cli: str = "docker"
+    cli: str = Field(default="docker", description="the container CLI to use (docker, podman)")
     network: str = Field(default="none", description="none (default), bridge, host, ...")
-    cpus: float | None = Field(default=1.0, **pydantic_range(CPUS))
+    cpus: float | None = Field(
+        default=1.0, description="CPUs of the container (--cpus)", **pydantic_range(CPUS)
+    )
     memory_mb: int | None = Field(
         default=2048, description="RAM + swap of the container", **pydantic_range(MEMORY_MB)
     )
     max_procs: int | None = Field(
         default=256, description="--pids-limit", **pydantic_range(MAX_PROCS)
     )
-    workdir: str = Field(default="/work", pattern="^/")
+    workdir: str = Field(default="/work", pattern="^/", description="the workdir inside")
     env: dict[str, str] = Field(default_factory=dict)
 
     def create(self, throttle: Throttle | None = None) -> Runtime:

@@ -9,7 +9,7 @@
   `Image.from_dockerfile(dockerfile)` for a task image). RESOURCE_EXHAUSTED (the service's
   creation rate limit or quota) is retried with exponential backoff and jitter, each retry
   counted (`start_retries`, added to the rollout's runtime retries); a sandbox not running
-  within `start_timeout_s` is a `runtime_start` error and is terminated.
+  within `start_timeout` is a `runtime_start` error and is terminated.
 - Commands are `exec` with stdout and stderr streamed into capped buffers (head and tail kept,
   as every runtime does); files go through the SDK's filesystem API. A sandbox or router that
   goes away under a command is `runtime_lost`.
@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr
 
-from metrale.bounds import CPUS, MEMORY_MB, Bound, pydantic_range
+from metrale.bounds import CPUS, MEMORY_MB, TIMEOUT_S, Bound, pydantic_range
 from metrale.errors import UsageError
 from metrale.runtime.base import (
     Capability,
@@ -94,11 +94,11 @@ class ModalConfig(RuntimeConfig):
         description="the sandbox's lifetime: the service terminates it after this",
         **pydantic_range(Bound(10, 86400, integer=True, unit="s")),
     )
-    start_timeout_s: float = Field(
+    start_timeout: float = Field(
         default=300.0,
         description="a sandbox not running this long after its creation is a runtime_start "
         "error, and is terminated",
-        **pydantic_range(Bound(1, 3600, unit="s")),
+        **pydantic_range(TIMEOUT_S),
     )
     create_retries: int = Field(
         default=12,
@@ -204,7 +204,7 @@ class ModalRuntime(RuntimeBase):
         except ImportError:
             raise RuntimeStartError(EXTRA) from None
         cfg = self.config
-        deadline = time.monotonic() + cfg.start_timeout_s
+        deadline = time.monotonic() + cfg.start_timeout
         try:
             self._app = await modal.App.lookup.aio(cfg.app_name(), create_if_missing=True)
             image = self._image(modal)
@@ -219,7 +219,7 @@ class ModalRuntime(RuntimeBase):
                 return
             except TimeoutError:
                 raise RuntimeStartError(
-                    f"modal sandbox not running within {cfg.start_timeout_s:g} s"
+                    f"modal sandbox not running within {cfg.start_timeout:g} s"
                 ) from None
             except ResourceExhaustedError as exc:
                 self._creating = None

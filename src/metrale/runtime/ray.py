@@ -143,7 +143,7 @@ class RayConfig(RuntimeConfig):
     """Each sandbox (`inner`) lives in a Ray actor on some cluster node."""
 
     type: Literal["ray"] = "ray"
-    address: str = "auto"
+    address: str = Field(default="auto", description="the cluster: auto, HOST:PORT or local")
     inner: SerializeAsAny[RuntimeConfig] = Field(
         default_factory=lambda: runtime_config("subprocess"),
         description="the sandbox each actor holds: an installed local runtime (not ray, not "

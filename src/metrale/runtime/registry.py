@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 from functools import cache
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint
 
+from metrale.entry import group
 from metrale.errors import UsageError
 from metrale.runtime.base import RuntimeConfig
 
@@ -21,12 +22,8 @@ logger = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "metrale.runtimes"
 
 
-@cache
 def _entry_points() -> dict[str, EntryPoint]:
-    found: dict[str, EntryPoint] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(ep.name, ep)  # the first installed distribution wins, as pip's does
-    return found
+    return {ep.name: ep for ep in group(ENTRY_POINT_GROUP)}
 
 
 def runtime_names() -> tuple[str, ...]:
@@ -64,12 +61,13 @@ def _load(ep: EntryPoint) -> type[RuntimeConfig]:
 
 
 def config_classes() -> dict[str, type[RuntimeConfig]]:
-    """Every installed runtime's config class. A plugin that cannot be loaded is left out and
-    logged: one broken package must not take `--help` or `metrale cleanup` down with it."""
+    """Every installed runtime's config class. A plugin that cannot be loaded is left out (and
+    logged at debug level, `-vv`): one broken package must not take `--help` or any run that
+    does not ask for it down with it; asking for it by name says what is wrong."""
     classes: dict[str, type[RuntimeConfig]] = {}
     for name, ep in _entry_points().items():
         try:
             classes[name] = _load(ep)
         except UsageError as exc:
-            logger.warning("%s", exc)
+            logger.debug("%s", exc)
     return classes
