@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr
 
-from metrale.bounds import CPUS, MEMORY_MB, TIMEOUT_S, Bound, pydantic_range
+from metrale.bounds import COUNT, CPUS, MEMORY_MB, TIMEOUT_S, Bound, pydantic_range
 from metrale.errors import UsageError
 from metrale.runtime.base import (
     Capability,
@@ -76,6 +76,9 @@ class ModalConfig(RuntimeConfig):
         {Capability.TASK_IMAGE, Capability.NETWORK_OFF, Capability.REMOTE, Capability.LEFTOVERS}
     )
     type: Literal["modal"] = "modal"
+    #: no bound of this machine's on starts in flight: a start here is a request and a wait on
+    #: the service, not local work (the service's rate limit, and `--runtime-rate`, bound it)
+    start_limit: int | None = Field(default=0, **pydantic_range(COUNT))
     image: str = Field(
         default="debian:bookworm-slim", description="registry image (Image.from_registry)"
     )
