@@ -310,11 +310,7 @@ class ModalRuntime(RuntimeBase):
                 timeout=max(1, math.ceil(timeout)) if timeout else None,
                 text=False,
             )
-            waited = asyncio.gather(
-                _drain(process.stdout, out), _drain(process.stderr, err), process.wait.aio()
-            )
-            bound = timeout + CLIENT_GRACE_S if timeout else None
-            *_, code = await asyncio.wait_for(waited, bound)
+            code = await _collect(process, out, err, timeout + CLIENT_GRACE_S if timeout else None)
         except TimeoutError:
             code = 124
         except (modal.exception.Error, OSError) as exc:
@@ -363,6 +359,24 @@ class ModalRuntime(RuntimeBase):
     def _path(self, path: str) -> str:
         """The SDK takes absolute paths; a relative one is under the workdir, as elsewhere."""
         return posixpath.normpath(posixpath.join(self.config.workdir, path))
+
+
+async def _collect(process: Any, out: CappedBuffer, err: CappedBuffer, bound: float | None) -> int:
+    """The exit code, stdout and stderr read meanwhile; within `bound` seconds (TimeoutError).
+    The readers end with the call, whatever ends it (a cancelled run included)."""
+    readers = [
+        asyncio.ensure_future(_drain(process.stdout, out)),
+        asyncio.ensure_future(_drain(process.stderr, err)),
+    ]
+    try:
+        async with asyncio.timeout(bound):
+            code = await process.wait.aio()
+            await asyncio.gather(*readers)
+        return int(code)
+    finally:
+        for reader in readers:
+            reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
 
 
 async def _drain(stream: Any, into: CappedBuffer) -> None:

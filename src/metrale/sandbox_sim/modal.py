@@ -323,13 +323,20 @@ class ModalEmulator:
         return box
 
     async def _start(self, box: Box, latency: float, stuck: bool) -> None:
-        await asyncio.sleep(latency)
+        """Pending for the drawn latency, the real sandbox starting meanwhile: the service's
+        creation takes the latency replayed (or the real start, when that is longer), not
+        their sum. A stuck creation never gets a sandbox."""
         if stuck:
             await asyncio.Event().wait()  # pending until terminated
-        box.backend_id = await self.backend.create(
-            box.image, env=box.env, cpu=box.cpu, memory_mb=box.memory_mb, workdir=box.workdir,
-            labels=box.tags,
-        )  # fmt: skip
+
+        async def make() -> None:
+            box.backend_id = await self.backend.create(
+                box.image, env=box.env, cpu=box.cpu, memory_mb=box.memory_mb,
+                workdir=box.workdir, labels=box.tags,
+            )  # fmt: skip
+
+        await asyncio.gather(asyncio.sleep(latency), make())
+        assert box.backend_id is not None
         runtime = self.backend.get(box.backend_id).runtime
         # a service streams all of a command's output; the runtime that reads it keeps its cap
         runtime.config.output_cap_bytes = OUTPUT_CAP_BYTES
