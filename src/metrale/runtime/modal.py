@@ -62,8 +62,10 @@ BOX_TAG = f"{TAG}.box"
 BACKOFF_S = (0.5, 20.0)
 #: Seconds past a command's timeout before the client stops waiting for the service's kill.
 CLIENT_GRACE_S = 10.0
-#: How long stopping a sandbox may take before it is left to `metrale cleanup`.
+#: How long one attempt to terminate a sandbox may take, and how many are made before it is
+#: left to `metrale cleanup` (and to the service's own `timeout_s`).
 STOP_TIMEOUT_S = 60.0
+STOP_ATTEMPTS = 3
 EXTRA = "the modal runtime needs the modal extra: pip install 'metrale[modal]'"
 _LIMIT_KEYS = ("cpu_s", "max_procs", "file_size_mb")
 
@@ -388,11 +390,16 @@ async def _terminate(sandbox: Any) -> None:
     """Terminate and let go of a sandbox; one already gone is not an error."""
     import modal
 
-    try:
-        await asyncio.wait_for(sandbox.terminate.aio(), STOP_TIMEOUT_S)
-    except (modal.exception.Error, OSError, TimeoutError) as exc:
-        if not isinstance(exc, modal.exception.NotFoundError):
-            logger.warning("modal: terminating %s failed: %s", sandbox.object_id, _brief(exc))
+    for attempt in range(1, STOP_ATTEMPTS + 1):
+        try:
+            await asyncio.wait_for(sandbox.terminate.aio(), STOP_TIMEOUT_S)
+            break
+        except modal.exception.NotFoundError:
+            break  # gone already
+        except (modal.exception.Error, OSError, TimeoutError) as exc:
+            level = logging.WARNING if attempt == STOP_ATTEMPTS else logging.INFO
+            logger.log(level, "modal: terminating %s failed (attempt %d): %s",
+                       sandbox.object_id, attempt, _brief(exc))  # fmt: skip
     with contextlib.suppress(Exception):
         await sandbox.detach.aio()
 

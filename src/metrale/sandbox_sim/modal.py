@@ -126,9 +126,8 @@ class ModalEmulator:
         """Serve the service and its router on `host:port` (gRPC, plaintext HTTP/2) and
         `GET /_state` on a port of its own; the service's URL."""
         from aiohttp import web
-        from grpclib.server import Server
 
-        self._server = Server(self.services())
+        self._server = _wide_server(self.services())
         await self._server.start(host, port)
         # grpclib keeps its asyncio server private; with port 0 the bound port is only there
         listening: Any = self._server._server
@@ -411,7 +410,11 @@ class ModalEmulator:
         req = await stream.recv_message()
         assert req is not None
         box = self._box(req.sandbox_id)
-        await self._terminate(box, status="TERMINATED", why="terminated")
+        # a client that stops waiting (its deadline) does not stop the termination
+        ending = asyncio.ensure_future(self._terminate(box, status="TERMINATED", why="terminated"))
+        self._expiring.add(ending)
+        ending.add_done_callback(self._expiring.discard)
+        await asyncio.shield(ending)
         await stream.send_message(api_pb2.SandboxTerminateResponse(existing_result=box.result))
 
     async def SandboxList(self, stream: Stream[Any, Any]) -> None:
@@ -493,6 +496,36 @@ class ModalEmulator:
         for box in self.boxes.values():
             if box.task_id == task.task_id:
                 await self._terminate(box, status="TERMINATED", why="the worker was lost")
+
+
+#: HTTP/2 streams one client connection may hold open at once. h2's default (100) would make
+#: the emulator, not the service it stands for, the bound at 1,024 sandboxes: the SDK sends
+#: every control-plane call over one connection, and a V2 creation holds its stream while
+#: pending.
+MAX_STREAMS = 65536
+
+
+def _wide_server(services: list[Any]) -> Server:
+    """A grpclib server whose connections allow `MAX_STREAMS` streams (grpclib offers no
+    setting: its protocol's `connection_made` is extended, a private API of the version the
+    pinned SDK brings)."""
+    from grpclib.protocol import H2Protocol
+    from grpclib.server import Server
+    from h2.settings import SettingCodes
+
+    class WideProtocol(H2Protocol):
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            h2_connection = self.connection._connection
+            h2_connection.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS})
+            self.connection.flush()
+
+    class WideServer(Server):
+        def _protocol_factory(self) -> H2Protocol:
+            made = super()._protocol_factory()
+            return WideProtocol(made.handler, made.config, made.h2_config)
+
+    return WideServer(services)
 
 
 def _jwt(claims: dict[str, Any]) -> str:
