@@ -5,6 +5,7 @@ tag, terminate), with real sandboxes behind, and anything else is a loud UNIMPLE
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from typing import Any
 
@@ -72,3 +73,32 @@ def test_a_call_it_does_not_implement_is_unimplemented_naming_it(modal_sim: Moda
     _run(body)
     assert "SandboxTagsSetV2" in modal_sim.state()["unimplemented"]
     assert modal_sim.live() == []
+
+
+def test_a_connection_may_hold_more_streams_than_a_thousand_sandboxes(modal_sim: ModalSim) -> None:
+    """The SDK sends every control-plane call over one connection, and a creation holds its
+    stream while pending: at h2's default of 100 streams the emulator, not the service it
+    stands for, bounded a 1,024-rollout run (and terminations queued past their deadline)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from h2.connection import H2Connection
+    from h2.events import RemoteSettingsChanged
+    from h2.settings import SettingCodes
+
+    where = urlparse(modal_sim.url)
+    conn = H2Connection()
+    conn.initiate_connection()
+    limit = 0  # the last value the server set (its first SETTINGS frame may say 100)
+    with socket.create_connection((where.hostname, where.port), timeout=2) as sock:
+        sock.sendall(conn.data_to_send())
+        with contextlib.suppress(TimeoutError):
+            while limit < 4096:
+                data = sock.recv(65536)
+                assert data, "the emulator closed the connection"
+                for event in conn.receive_data(data):
+                    if isinstance(event, RemoteSettingsChanged):
+                        changed = event.changed_settings.get(SettingCodes.MAX_CONCURRENT_STREAMS)
+                        limit = changed.new_value if changed is not None else limit
+                sock.sendall(conn.data_to_send())
+    assert limit >= 4096
