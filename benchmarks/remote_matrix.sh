@@ -7,12 +7,13 @@
 # times modal's p90/p50 at 64 rollouts (12.5 / 8.0), 17.0 s. Writes the cells, the report
 # (stdout and report.md) and the plot into OUT.
 #
-# usage: bash benchmarks/remote_matrix.sh [OUT] [ROLLOUTS] [LATENCY]
-#   e.g. bash benchmarks/remote_matrix.sh results/remote 64,512,1024 10.9,17.0
+# usage: bash benchmarks/remote_matrix.sh [OUT] [ROLLOUTS] [LATENCY] [RUNTIMES]
+#   e.g. bash benchmarks/remote_matrix.sh results/remote 64,512,1024 10.9,17.0 subprocess,prime
 set -euo pipefail
 out=${1:-results/remote-matrix}
 rollouts=${2:-64,512,1024}
 latency=${3:-10.9,17.0}
+runtimes=${4:-subprocess,prime}
 python=${PYTHON:-python}
 logs=$(mktemp -d)
 pids=()
@@ -36,7 +37,7 @@ wait_line "$logs/prime" "PRIME_API_KEY="
 target=$(awk '/listening on/ {print $NF}' "$logs/sim")
 set -a; eval "$(grep '^PRIME_' "$logs/prime")"; set +a
 
-"$python" -m metrale matrix gsm8k --target "$target" --runtime subprocess,prime \
+"$python" -m metrale matrix gsm8k --target "$target" --runtime "$runtimes" \
   --rollouts "$rollouts" --out "$out"
 "$python" -m metrale report "$out" | tee "$out/report.md"
 "$python" -m metrale plot "$out" -o "$out/plot.png" || echo "no plot (the plot extra: pip install 'metrale[plot]')"

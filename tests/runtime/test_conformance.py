@@ -14,15 +14,18 @@ promise skips that test with the reason, never silently.
 | host secrets and files invisible    | env only           | yes   | yes    | no (skip) | yes     |
 | nothing left after SIGKILL of us    | no (no supervisor) | yes   | yes    | no (skip) | cleanup |
 
-Ray over docker is not a case: ray's inner config accepts subprocess and bwrap only. prime runs
-against `metrale sandbox-sim prime` (bwrap behind it) with the official SDK: files, commands,
-timeouts, caps, stop, kill_commands, memory and host isolation as bwrap; not promised: network
-off (a prime sandbox has the service's network), a process or CPU-seconds bound (the service
-bounds cores and memory), the CPU rate (the emulator's sandboxes do not), nothing left after a
-SIGKILL (a remote sandbox outlives its run until `metrale cleanup --runtime prime`). modal runs
-against `metrale sandbox-sim modal` the same way, promising the same less kill_commands (the
-service has no such call) and with the service's network off; a killed run's sandboxes live
-on in the service until `metrale cleanup --runtime modal`, which the SIGKILL case runs.
+prime runs against `metrale sandbox-sim prime` (bwrap behind it) through the official SDK and
+makes the promises of the first three rows, the memory limit per process (its `memory_mb`) and
+host secrets and files invisible. Not the others: a prime sandbox has the service's network;
+the service bounds cores and memory, not processes or CPU seconds (no `BOUNDS` declared); and
+a remote sandbox outlives a SIGKILLed run until `metrale cleanup --runtime prime`
+(tests/runtime/test_prime.py).
+
+modal runs against `metrale sandbox-sim modal` (bwrap behind it) through the official SDK and
+makes the same promises, with the service's network off and without kill_commands (the service
+has no such call); its SIGKILL case runs `metrale cleanup --runtime modal` and then finds
+nothing left.
+
 Each test checks (the `marker` fixture) that no process of it is left on the host.
 
 Any installed runtime can be put through it: `METRALE_CONFORMANCE_RUNTIMES=NAME[,NAME]` adds
@@ -319,8 +322,8 @@ def test_the_network_probe_reaches_the_host_from_the_host(
 def test_network_is_off_by_default(
     name: str, make: Callable[..., Runtime], listener: tuple[int, list[str]], marker: str
 ) -> None:
-    skip_unless(name, declares(name, Capability.NETWORK_OFF), "runs on the host network")
-    skip_unless(name, name != "prime", "a prime sandbox has the service's network")
+    here = "has the service's network" if name == "prime" else "runs on the host network"
+    skip_unless(name, declares(name, Capability.NETWORK_OFF), here)
     port, hosts = listener
 
     async def body(rt: Runtime) -> None:
@@ -398,7 +401,6 @@ def test_memory_limit_of_the_whole_sandbox(
 def test_cpu_seconds_limit_kills(name: str, make: Callable[..., Runtime], marker: str) -> None:
     skip_unless(name, name != "docker", "docker limits the CPU rate (--cpus), not CPU seconds")
     skip_unless(name, takes(name, "cpu_s"), "has no CPU seconds limit")
-    skip_unless(name, name != "prime", "the service bounds CPU cores, not CPU seconds")
 
     async def body(rt: Runtime) -> None:
         result = await rt.run(f"echo {marker} >/dev/null; while :; do :; done", timeout=30)
@@ -478,14 +480,13 @@ KILLED_RUN = textwrap.dedent("""\
 
 
 def test_nothing_is_left_after_a_sigkill_of_metrale(name: str, marker: str) -> None:
-    reasons = {
-        "subprocess": "no supervisor outside metrale: a SIGKILLed run leaves its commands",
+    why = {
         "ray-bwrap": "Ray kills a dead driver's actors itself",
-        "prime": "a remote sandbox outlives a killed run until `metrale cleanup --runtime "
-        "prime` (tests/runtime/test_prime.py)",
-    }
+        "prime": "a remote sandbox outlives a killed run until `metrale cleanup --runtime prime` "
+        "(tests/runtime/test_prime.py)",
+    }.get(name, "no supervisor outside metrale: a SIGKILLed run leaves its commands")
     skip_unless(name, name in ("bwrap", "docker", "modal") and declares(name, Capability.LEFTOVERS),
-                reasons.get(name, ""))  # fmt: skip
+                why)  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLED_RUN, name, marker],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -30,11 +30,14 @@ pytest.importorskip("prime_sandboxes", reason="the prime extra is not installed"
 KEY = "sim-prime-key"
 
 
-def run_gsm8k(sim: Sim, emulator: Emulator, out: Path, *extra: str) -> dict[str, Any]:
+def run_gsm8k(
+    sim: Sim, emulator: Emulator, out: Path, *extra: str, home: Path | None = None
+) -> dict[str, Any]:
+    env = {**child_env(), **emulator.env, **({"HOME": str(home)} if home else {})}
     proc = run_cli(
         ["run", "gsm8k", "--target", sim.url, "--runtime", "prime", "--out", str(out),
          "--json", *extra],
-        env={**child_env(), **emulator.env}, timeout=900,
+        env=env, timeout=900,
     )  # fmt: skip
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     result: dict[str, Any] = json.loads(proc.stdout)
@@ -68,7 +71,7 @@ def test_a_5_per_s_creation_limit_is_retried_and_counted(sim: Sim, tmp_path: Pat
 def test_stuck_creations_fail_with_runtime_start_and_are_deleted(sim: Sim, tmp_path: Path) -> None:
     with prime_emulator("--stuck", "0.1", "--seed", "4") as emulator:
         result = run_gsm8k(
-            sim, emulator, tmp_path / "run", "--rollouts", "64", "--start-timeout", "4"
+            sim, emulator, tmp_path / "run", "--rollouts", "64", "--prime-start-timeout", "4"
         )
         assert emulator.left() == []
     failed = [r for r in records(tmp_path / "run") if r["error"]]
@@ -80,9 +83,10 @@ def test_stuck_creations_fail_with_runtime_start_and_are_deleted(sim: Sim, tmp_p
 
 
 def test_credentials_reach_no_record_log_or_sandbox(sim: Sim, tmp_path: Path) -> None:
-    out = tmp_path / "run"
+    out, home = tmp_path / "run", tmp_path / "home"
+    home.mkdir()
     with prime_emulator() as emulator:
-        result = run_gsm8k(sim, emulator, out, "--rollouts", "4", "-vv")
+        result = run_gsm8k(sim, emulator, out, "--rollouts", "4", "-vv", home=home)
         inside = run_cli(["exec", "--runtime", "prime", "--", "sh", "-c",
                           "env; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'"],
                          env={**child_env(), **emulator.env}, timeout=300)  # fmt: skip
@@ -94,6 +98,7 @@ def test_credentials_reach_no_record_log_or_sandbox(sim: Sim, tmp_path: Path) ->
     for path in out.rglob("*"):
         if path.is_file():
             assert KEY.encode() not in path.read_bytes(), path
+    assert list(home.rglob("*")) == []  # no gateway token on disk (the SDK's cache file)
 
 
 def test_sigkill_mid_run_then_cleanup_leaves_nothing(sim_factory: Any, tmp_path: Path) -> None:

@@ -126,7 +126,7 @@ def test_stuck_rollouts_fail_with_runtime_start_and_nothing_is_left(
 ) -> None:
     with start_modal_sim("--stuck", "0.1", "--seed", "1") as modal_sim:
         out = tmp_path / "run"
-        done = run_cli([*_gsm8k(sim, out, 32), "--start-timeout", "4"],
+        done = run_cli([*_gsm8k(sim, out, 32), "--modal-start-timeout", "4"],
                        env=modal_sim.child_env())  # fmt: skip
         records = lines(out / "rollouts.jsonl")
         assert len(records) == 32, done.stderr[-3000:]

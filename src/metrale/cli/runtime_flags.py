@@ -19,7 +19,6 @@ from metrale.bounds import (
     MAX_PROCS,
     MEMORY_MB,
     RATE_PER_S,
-    TIMEOUT_S,
     TMPFS_MB,
 )
 from metrale.cli.parsing import bounded
@@ -74,13 +73,6 @@ def add_runtime_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None
         metavar="N",
         help="keep N sandboxes started ahead of the rollouts that will use them, each used "
         "once (default 0); their start is reported as pool_start, apart from setup",
-    )
-    g.add_argument(
-        "--start-timeout",
-        type=bounded(TIMEOUT_S),
-        metavar="S",
-        help="remote runtimes (prime, modal): seconds from a creation to a usable sandbox "
-        "(default 300); past it the rollout fails with runtime_start and its sandbox is deleted",
     )
     g.add_argument(
         "--image",
@@ -249,7 +241,6 @@ def own_flags() -> dict[str, tuple[str, str, str, str]]:
 #: each shared runtime-shaping flag: its argparse dest and its `runtime_config` option
 _FLAGS: dict[str, tuple[str, str]] = {
     "--image": ("image", "image"),
-    "--start-timeout": ("start_timeout", "start_timeout"),
     "--cpu-seconds": ("cpu_seconds", "cpu_s"),
     "--memory-mb": ("memory_mb", "memory_mb"),
     "--max-procs": ("max_procs", "max_procs"),

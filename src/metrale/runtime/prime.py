@@ -255,7 +255,8 @@ class PrimeRuntime(RuntimeBase):
         attempt = 0
         while True:
             try:
-                sandbox = await self._session.client.create(request)
+                async with self._session.control:
+                    sandbox = await self._session.client.create(request)
                 return str(sandbox.id)
             except APIError as exc:
                 if "HTTP 429" not in str(exc):
@@ -272,16 +273,18 @@ class PrimeRuntime(RuntimeBase):
         """RUNNING can lead the gateway: one command proves it answers (and makes the
         workdir, and lists the sandbox's own processes), retried while the service says the
         sandbox is not reachable yet."""
-        from prime_sandboxes import APIError, SandboxNotRunningError
+        from prime_sandboxes import APIError, CommandTimeoutError, SandboxNotRunningError
 
+        assert self._session is not None
         while True:
             try:
-                probe = await self._client.execute_command(
-                    self.sandbox_id,
-                    f"mkdir -p {shlex.quote(self.config.workdir)} && {BASELINE}",
-                    timeout=60,
-                )
-            except (APIError, SandboxNotRunningError) as exc:
+                async with self._session.control:
+                    probe = await self._client.execute_command(
+                        self.sandbox_id,
+                        f"mkdir -p {shlex.quote(self.config.workdir)} && {BASELINE}",
+                        timeout=60,
+                    )
+            except (APIError, SandboxNotRunningError, CommandTimeoutError) as exc:
                 if time.monotonic() > deadline:
                     raise RuntimeStartError(f"prime: the sandbox never answered: {exc}") from None
                 await asyncio.sleep(0.5)
@@ -384,7 +387,8 @@ class PrimeRuntime(RuntimeBase):
                     self.sandbox_id = await creating  # it may have made one: delete it
             if self.sandbox_id is not None:
                 try:
-                    await session.client.delete(self.sandbox_id)
+                    async with session.control:
+                        await session.client.delete(self.sandbox_id)
                 except Exception as exc:  # the service's timeout_minutes deletes it anyway
                     logger.warning("prime: deleting sandbox %s failed: %r", self.sandbox_id, exc)
         finally:

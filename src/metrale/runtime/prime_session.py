@@ -37,6 +37,10 @@ SETTLED = frozenset({"RUNNING", "ERROR", "TERMINATED", "TIMEOUT"})
 #: the service's bound on one status batch
 BATCH = 100
 POLL_S = 0.5
+#: control-plane requests (creations, readiness probes, deletions) in flight at once per run:
+#: the SDK's HTTP pool (httpx) schedules queued requests in quadratic time, and 1,024 queued
+#: at once kept a core busy there for minutes before the first sandbox was used
+CONTROL_IN_FLIGHT = 64
 #: every sandbox metrale makes carries this label, and the three below with their values
 LABEL = "metrale"
 RUN_PREFIX, PID_PREFIX, HOST_PREFIX = "metrale-run-", "metrale-pid-", "metrale-host-"
@@ -93,6 +97,8 @@ class Session:
     client: AsyncSandboxClient
     loop: asyncio.AbstractEventLoop
     users: int = 0
+    #: bounds the run's control-plane requests (`CONTROL_IN_FLIGHT`)
+    control: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(CONTROL_IN_FLIGHT))
     _waiting: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
     _poller: asyncio.Task[None] | None = None
 
@@ -102,6 +108,7 @@ class Session:
         from prime_sandboxes import AsyncSandboxClient
 
         client = AsyncSandboxClient()
+        client._auth_cache = _memory_auth_cache(client.client)
         hooks = client.client.client.event_hooks
         hooks["request"].append(_creation_sent)
         hooks["response"].append(_creation_answered)
@@ -149,6 +156,28 @@ class Session:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
         await self.client.aclose()
+
+
+def _memory_auth_cache_class() -> type:
+    from prime_sandboxes.sandbox import AsyncSandboxAuthCache
+
+    class MemoryAuthCache(AsyncSandboxAuthCache):
+        """The SDK's gateway-token cache, in memory only. The SDK's own rewrites the whole of
+        `~/.prime/sandbox_auth_cache.json` for every new sandbox, under one lock: at 1,024
+        sandboxes (and the thousands of entries earlier runs leave there for an hour) that
+        serialised every start, and it put gateway tokens on disk."""
+
+        async def _ensure_loaded(self) -> None:
+            self._loaded = True
+
+        async def _save_cache(self) -> None:
+            return None
+
+    return MemoryAuthCache
+
+
+def _memory_auth_cache(api: Any) -> Any:
+    return _memory_auth_cache_class()(None, api)
 
 
 class Sessions:
