@@ -365,20 +365,23 @@ class ModalRuntime(RuntimeBase):
 
 async def _collect(process: Any, out: CappedBuffer, err: CappedBuffer, bound: float | None) -> int:
     """The exit code, stdout and stderr read meanwhile; within `bound` seconds (TimeoutError).
-    The readers end with the call, whatever ends it (a cancelled run included)."""
+    The readers and the wait end with the call, whatever ends it (a cancelled run included)."""
+    waiter = asyncio.ensure_future(process.wait.aio())
     readers = [
         asyncio.ensure_future(_drain(process.stdout, out)),
         asyncio.ensure_future(_drain(process.stderr, err)),
     ]
+    parts = [waiter, *readers]
     try:
         async with asyncio.timeout(bound):
-            code = await process.wait.aio()
-            await asyncio.gather(*readers)
-        return int(code)
+            # the first failure ends the call: a stream the router lost does not wait for an
+            # exit status the SDK would poll for ever
+            await asyncio.gather(*parts)
+        return int(waiter.result())
     finally:
-        for reader in readers:
-            reader.cancel()
-        await asyncio.gather(*readers, return_exceptions=True)
+        for part in parts:
+            part.cancel()
+        await asyncio.gather(*parts, return_exceptions=True)
 
 
 async def _drain(stream: Any, into: CappedBuffer) -> None:
