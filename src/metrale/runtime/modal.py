@@ -49,24 +49,27 @@ from metrale.runtime.base import (
     Throttle,
     unknown_options,
 )
+from metrale.runtime.modal_service import (
+    BOX_TAG,
+    EXTRA,
+    HOST_TAG,
+    PID_TAG,
+    RUN_TAG,
+    STOP_TIMEOUT_S,
+    TAG,
+    brief,
+    check_modal,
+    clean_modal,
+    terminate,
+)
 from metrale.runtime.procs import CappedBuffer
 
 logger = logging.getLogger(__name__)
 
-TAG = "metrale.sandbox"
-RUN_TAG = f"{TAG}.run"
-PID_TAG = f"{TAG}.pid"
-HOST_TAG = f"{TAG}.host"
-BOX_TAG = f"{TAG}.box"
 #: Backoff after a RESOURCE_EXHAUSTED creation: first wait, and the most any wait grows to.
 BACKOFF_S = (0.5, 20.0)
 #: Seconds past a command's timeout before the client stops waiting for the service's kill.
 CLIENT_GRACE_S = 10.0
-#: How long one attempt to terminate a sandbox may take, and how many are made before it is
-#: left to `metrale cleanup` (and to the service's own `timeout_s`).
-STOP_TIMEOUT_S = 60.0
-STOP_ATTEMPTS = 3
-EXTRA = "the modal runtime needs the modal extra: pip install 'metrale[modal]'"
 _LIMIT_KEYS = ("cpu_s", "max_procs", "file_size_mb")
 
 
@@ -128,7 +131,7 @@ class ModalConfig(RuntimeConfig):
         return ModalRuntime(self, throttle)
 
     def check(self) -> None:
-        check_modal(self)
+        check_modal()
 
     def image_form(self) -> str | None:
         return "tag"
@@ -159,14 +162,14 @@ class ModalConfig(RuntimeConfig):
         """Terminate the sandboxes of dead runs of this host; nothing to do without the extra
         or credentials (noted), and a service that does not answer is noted, not raised."""
         try:
-            check_modal(self)
+            check_modal()
         except UsageError as exc:
             report.notes.append(f"modal: not looked at ({exc})")
             return
         try:
             asyncio.run(clean_modal(report, everything=everything))
         except Exception as exc:  # the service's failure is the report's, not a traceback
-            report.notes.append(f"modal: cleanup failed: {_brief(exc)}")
+            report.notes.append(f"modal: cleanup failed: {brief(exc)}")
 
     @classmethod
     def from_flat(cls, options: dict[str, Any]) -> dict[str, Any]:
@@ -214,7 +217,7 @@ class ModalRuntime(RuntimeBase):
             self._app = await modal.App.lookup.aio(cfg.app_name(), create_if_missing=True)
             image = self._image(modal)
         except (modal.exception.Error, OSError) as exc:
-            raise RuntimeStartError(f"modal: {_brief(exc)}") from None
+            raise RuntimeStartError(f"modal: {brief(exc)}") from None
         while True:
             self._creating = asyncio.ensure_future(self._create(modal, image))
             left = deadline - time.monotonic()
@@ -233,13 +236,13 @@ class ModalRuntime(RuntimeBase):
                 wait *= random.uniform(0.5, 1.0)
                 if self.start_retries > cfg.create_retries or time.monotonic() + wait > deadline:
                     raise RuntimeStartError(
-                        f"modal refused the sandbox {self.start_retries} times: {_brief(exc)}"
+                        f"modal refused the sandbox {self.start_retries} times: {brief(exc)}"
                     ) from None
-                logger.info("modal: %s; retry %d in %.1f s", _brief(exc), self.start_retries, wait)
+                logger.info("modal: %s; retry %d in %.1f s", brief(exc), self.start_retries, wait)
                 await asyncio.sleep(wait)
             except (modal.exception.Error, OSError) as exc:
                 self._creating = None
-                raise RuntimeStartError(f"modal: {_brief(exc)}") from None
+                raise RuntimeStartError(f"modal: {brief(exc)}") from None
 
     async def _create(self, modal: Any, image: Any) -> Any:
         cfg = self.config
@@ -272,7 +275,7 @@ class ModalRuntime(RuntimeBase):
                 self._sandbox = await asyncio.wait_for(creating, STOP_TIMEOUT_S)
         sandbox, self._sandbox = self._sandbox, None
         if sandbox is not None:
-            await _terminate(sandbox)
+            await terminate(sandbox)
         if creating is not None:
             await self._terminate_tagged()
 
@@ -283,7 +286,7 @@ class ModalRuntime(RuntimeBase):
             async for sandbox in modal.Sandbox.list.aio(
                 app_id=getattr(self._app, "app_id", None), tags={BOX_TAG: self.box}
             ):
-                await _terminate(sandbox)
+                await terminate(sandbox)
         except (modal.exception.Error, OSError) as exc:
             logger.warning("modal: cannot look for sandbox %s to stop it: %s", self.box, exc)
 
@@ -316,7 +319,7 @@ class ModalRuntime(RuntimeBase):
         except TimeoutError:
             code = 124
         except (modal.exception.Error, OSError) as exc:
-            raise SandboxLostError(f"modal sandbox lost under a command: {_brief(exc)}") from None
+            raise SandboxLostError(f"modal sandbox lost under a command: {brief(exc)}") from None
         duration = time.perf_counter() - started
         timed_out = timeout is not None and duration >= timeout and code != 0
         return ProgramResult(
@@ -340,7 +343,7 @@ class ModalRuntime(RuntimeBase):
         except modal.exception.SandboxFilesystemError as exc:
             raise OSError(f"{path}: {exc}") from None
         except (modal.exception.Error, OSError) as exc:
-            raise SandboxLostError(f"modal sandbox lost reading {path}: {_brief(exc)}") from None
+            raise SandboxLostError(f"modal sandbox lost reading {path}: {brief(exc)}") from None
 
     async def write(self, path: str, data: bytes | str) -> None:
         import modal
@@ -351,7 +354,7 @@ class ModalRuntime(RuntimeBase):
         except modal.exception.SandboxFilesystemError as exc:
             raise OSError(f"cannot write {path}: {exc}") from None
         except (modal.exception.Error, OSError) as exc:
-            raise SandboxLostError(f"modal sandbox lost writing {path}: {_brief(exc)}") from None
+            raise SandboxLostError(f"modal sandbox lost writing {path}: {brief(exc)}") from None
 
     def _live(self) -> Any:
         if self._sandbox is None:
@@ -387,87 +390,3 @@ async def _collect(process: Any, out: CappedBuffer, err: CappedBuffer, bound: fl
 async def _drain(stream: Any, into: CappedBuffer) -> None:
     async for chunk in stream:
         into.add(chunk if isinstance(chunk, bytes) else chunk.encode())
-
-
-async def _terminate(sandbox: Any) -> None:
-    """Terminate and let go of a sandbox; one already gone is not an error."""
-    import modal
-
-    for attempt in range(1, STOP_ATTEMPTS + 1):
-        try:
-            await asyncio.wait_for(sandbox.terminate.aio(), STOP_TIMEOUT_S)
-            break
-        except modal.exception.NotFoundError:
-            break  # gone already
-        except (modal.exception.Error, OSError, TimeoutError) as exc:
-            level = logging.WARNING if attempt == STOP_ATTEMPTS else logging.INFO
-            logger.log(level, "modal: terminating %s failed (attempt %d): %s",
-                       sandbox.object_id, attempt, _brief(exc))  # fmt: skip
-    with contextlib.suppress(Exception):
-        await sandbox.detach.aio()
-
-
-def _brief(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
-
-
-def check_modal(config: ModalConfig) -> None:
-    """The extra, the credentials and the service, each named, before any work."""
-    try:
-        from modal.config import config as sdk_config
-    except ImportError:
-        raise UsageError(EXTRA) from None
-    if not (sdk_config.get("token_id") and sdk_config.get("token_secret")):
-        raise UsageError(
-            "modal runtime: no credentials; set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET "
-            "(or run 'modal token new')"
-        )
-    url = str(sdk_config.get("server_url"))
-    from urllib.parse import urlparse
-
-    parsed = urlparse(url)
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    try:
-        socket.create_connection((parsed.hostname or "", port), timeout=5).close()
-    except OSError as exc:
-        raise UsageError(
-            f"modal runtime: nothing answers at {url} (MODAL_SERVER_URL): {exc}"
-        ) from None
-
-
-async def clean_modal(report: CleanupReport, *, everything: bool) -> None:
-    """Terminate the sandboxes of dead runs of this host (with `everything`: all of them)."""
-    import modal
-
-    host = socket.gethostname()
-    tags = {TAG: "1"} if everything else {TAG: "1", HOST_TAG: host}
-    with _quiet_deprecation():
-        found = [sb async for sb in modal.Sandbox.list.aio(tags=tags)]
-    for sandbox in found:
-        owner = await sandbox.get_tags.aio()
-        pid = owner.get(PID_TAG, "")
-        alive = owner.get(HOST_TAG) == host and _metrale_alive(pid)
-        if alive and not everything:
-            report.kept.append(f"modal sandbox {sandbox.object_id} (run of live pid {pid})")
-            continue
-        await _terminate(sandbox)
-        report.removed.append(f"modal sandbox {sandbox.object_id}")
-
-
-def _metrale_alive(pid: str) -> bool:
-    try:
-        return pid.isdigit() and b"metrale" in open(f"/proc/{pid}/cmdline", "rb").read()
-    except OSError:
-        return False
-
-
-@contextlib.contextmanager
-def _quiet_deprecation() -> Any:
-    """Listing by tag without an app id warns of a future change; the cleanup of dead runs
-    cannot know their apps' ids, and the warning is not the user's to act on."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield

@@ -21,21 +21,18 @@ is left.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import logging
-import secrets
 import time
-import types
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
+from metrale.sandbox_sim.modal_grpc import make_jwt, service, wide_server
 from metrale.sandbox_sim.modal_router import OUTPUT_CAP_BYTES, Router, Task, env_of
 
 if TYPE_CHECKING:
@@ -127,7 +124,7 @@ class ModalEmulator:
         `GET /_state` on a port of its own; the service's URL."""
         from aiohttp import web
 
-        self._server = _wide_server(self.services())
+        self._server = wide_server(self.services())
         await self._server.start(host, port)
         # grpclib keeps its asyncio server private; with port 0 the bound port is only there
         listening: Any = self._server._server
@@ -177,8 +174,8 @@ class ModalEmulator:
 
         router = Router(self.tasks, self._check_jwt, self.faults.gateway_fails, self._lose_task)
         return [
-            _service(api_grpc.ModalClientBase, self, self._check_token, self.unimplemented),
-            _service(tcr.TaskCommandRouterBase, router, None, self.unimplemented),
+            service(api_grpc.ModalClientBase, self, self._check_token, self.unimplemented),
+            service(tcr.TaskCommandRouterBase, router, None, self.unimplemented),
         ]
 
     def _check_token(self, stream: Stream[Any, Any]) -> None:
@@ -229,7 +226,7 @@ class ModalEmulator:
         from modal_proto import api_pb2
 
         await stream.recv_message()
-        await stream.send_message(api_pb2.AuthTokenGetResponse(token=_jwt({"sub": "input"})))
+        await stream.send_message(api_pb2.AuthTokenGetResponse(token=make_jwt({"sub": "input"})))
 
     async def ImageGetOrCreate(self, stream: Stream[Any, Any]) -> None:
         """Every image "builds" at once as its `FROM` name (or its base image's), which the
@@ -389,7 +386,7 @@ class ModalEmulator:
     def _router_jwt(self, task_id: str) -> str:
         if task_id not in self.tasks or self.tasks[task_id].lost:
             raise GRPCError(Status.NOT_FOUND, f"task {task_id!r} not found")
-        return self.jwts.setdefault(task_id, _jwt({"task_id": task_id}))
+        return self.jwts.setdefault(task_id, make_jwt({"task_id": task_id}))
 
     async def SandboxWait(self, stream: Stream[Any, Any]) -> None:
         from modal_proto import api_pb2
@@ -496,79 +493,3 @@ class ModalEmulator:
         for box in self.boxes.values():
             if box.task_id == task.task_id:
                 await self._terminate(box, status="TERMINATED", why="the worker was lost")
-
-
-#: HTTP/2 streams one client connection may hold open at once. h2's default (100) would make
-#: the emulator, not the service it stands for, the bound at 1,024 sandboxes: the SDK sends
-#: every control-plane call over one connection, and a V2 creation holds its stream while
-#: pending.
-MAX_STREAMS = 65536
-
-
-def _wide_server(services: list[Any]) -> Server:
-    """A grpclib server whose connections allow `MAX_STREAMS` streams (grpclib offers no
-    setting: its protocol's `connection_made` is extended, a private API of the version the
-    pinned SDK brings)."""
-    from grpclib.protocol import H2Protocol
-    from grpclib.server import Server
-    from h2.settings import SettingCodes
-
-    class WideProtocol(H2Protocol):
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
-            h2_connection = self.connection._connection
-            h2_connection.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS})
-            self.connection.flush()
-
-    class WideServer(Server):
-        def _protocol_factory(self) -> H2Protocol:
-            made = super()._protocol_factory()
-            return WideProtocol(made.handler, made.config, made.h2_config)
-
-    return WideServer(services)
-
-
-def _jwt(claims: dict[str, Any]) -> str:
-    """An unsigned JWT with an expiry an hour away (the SDK reads `exp` to know when to
-    refresh; nothing here verifies the signature, the router compares the whole token)."""
-
-    def part(obj: dict[str, Any]) -> str:
-        return base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()
-
-    body = {**claims, "exp": int(time.time()) + 3600, "nonce": secrets.token_hex(8)}
-    return f"{part({'alg': 'none', 'typ': 'JWT'})}.{part(body)}.sig"
-
-
-def _service(base: type, impl: Any, check: Callable[[Any], None] | None, missing: list[str]) -> Any:
-    """A grpclib service of every method of `base`: `impl`'s where it has one, else a handler
-    that answers UNIMPLEMENTED naming the method (and logs it)."""
-    methods = {}
-    for name in base.__abstractmethods__:  # type: ignore[attr-defined]
-        found = getattr(impl, name, None)
-        methods[name] = _guarded(found, check) if found else _unimplemented(missing, name)
-    proxy = types.SimpleNamespace(**methods)
-
-    class Service:
-        def __mapping__(self) -> dict[str, Any]:
-            mapping: dict[str, Any] = base.__mapping__(proxy)  # type: ignore[attr-defined]
-            return mapping
-
-    return Service()
-
-
-def _guarded(handler: Any, check: Callable[[Any], None] | None) -> Any:
-    async def call(stream: Stream[Any, Any]) -> None:
-        if check is not None:
-            check(stream)
-        await handler(stream)
-
-    return call
-
-
-def _unimplemented(missing: list[str], name: str) -> Any:
-    async def call(stream: Stream[Any, Any]) -> None:
-        logger.error("modal emulator: %s is not implemented", name)
-        missing.append(name)
-        raise GRPCError(Status.UNIMPLEMENTED, f"modal emulator: {name} is not implemented")
-
-    return call
