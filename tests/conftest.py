@@ -22,6 +22,9 @@ from tests.real_parts import (  # noqa: F401
     pytest_runtest_setup,
 )
 
+# One modal emulator a session (the SDK keeps one client a process, from the env it first saw).
+from tests.sandbox_sim.modal_sim import modal_sim  # noqa: F401
+
 
 @dataclass
 class Sim:

@@ -50,6 +50,7 @@ REAL_FIXTURES = frozenset({
     "bwrap_root",  # every bwrap hardening case, on the host's dirs and on an image's root
     "warm_cargo",  # cargo builds the agentic task's crates
     "ray_cluster", "cluster",  # a Ray head
+    "modal_sim",  # `metrale sandbox-sim modal`, bwrap sandboxes behind it
 })  # fmt: skip
 
 #: Files whose every test starts a real part (paths from the repository root).
@@ -73,10 +74,11 @@ REAL_FILES = frozenset({
     "tests/sandbox_sim/test_backend.py",
     "tests/runtime/test_prime.py",
     "tests/sandbox_sim/test_prime_sdk.py",
+    "tests/sandbox_sim/test_modal_sdk.py", "tests/sandbox_sim/test_modal_runs.py",
 })  # fmt: skip
 
 #: Parameter ids (split on "-") that name a real runtime.
-REAL_PARAMS = frozenset({"bwrap", "docker", "ray", "podman", "image", "prime"})
+REAL_PARAMS = frozenset({"bwrap", "docker", "ray", "podman", "image", "prime", "modal"})
 
 
 #: Source text that starts the metrale command line (not `metrale sim`) in a child process.

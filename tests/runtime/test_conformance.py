@@ -2,17 +2,17 @@
 the rollouts (and to the host) tested the same way for each. A runtime that does not make a
 promise skips that test with the reason, never silently.
 
-| promise                            | subprocess          | bwrap | docker        | ray (bwrap) |
-| files, cwd, env, exit, timeout, cap| yes                 | yes   | yes           | yes         |
-| background gone after stop()       | yes                 | yes   | yes           | yes         |
-| kill_commands: all gone, box stays | yes (marker)        | yes   | yes           | yes         |
-| network off by default             | no (host network)   | yes   | yes           | yes         |
-| process limit                      | no (root exempt)    | yes   | yes           | no (skip)   |
-| memory limit per process           | yes (RLIMIT_AS)     | yes   | yes           | no (skip)   |
-| memory limit of the whole sandbox  | no                  | yes   | yes           | no (skip)   |
-| CPU seconds / CPU rate             | seconds             | secs  | rate (--cpus) | no (skip)   |
-| host secrets and files invisible   | env only            | yes   | yes           | no (skip)   |
-| nothing left after SIGKILL of us   | no (no supervisor)  | yes   | yes           | no (skip)   |
+| promise                             | subprocess         | bwrap | docker | ray-bwrap | modal   |
+| files, cwd, env, exit, timeout, cap | yes                | yes   | yes    | yes       | yes     |
+| background gone after stop()        | yes                | yes   | yes    | yes       | yes     |
+| kill_commands: all gone, box stays  | yes (marker)       | yes   | yes    | yes       | no      |
+| network off by default              | no (host network)  | yes   | yes    | yes       | yes     |
+| process limit                       | no (root exempt)   | yes   | yes    | no (skip) | no      |
+| memory limit per process            | yes (RLIMIT_AS)    | yes   | yes    | no (skip) | yes     |
+| memory limit of the whole sandbox   | no                 | yes   | yes    | no (skip) | yes     |
+| CPU seconds / CPU rate              | seconds            | secs  | rate   | no (skip) | no      |
+| host secrets and files invisible    | env only           | yes   | yes    | no (skip) | yes     |
+| nothing left after SIGKILL of us    | no (no supervisor) | yes   | yes    | no (skip) | cleanup |
 
 prime runs against `metrale sandbox-sim prime` (bwrap behind it) through the official SDK and
 makes the promises of the first three rows, the memory limit per process (its `memory_mb`) and
@@ -20,6 +20,11 @@ host secrets and files invisible. Not the others: a prime sandbox has the servic
 the service bounds cores and memory, not processes or CPU seconds (no `BOUNDS` declared); and
 a remote sandbox outlives a SIGKILLed run until `metrale cleanup --runtime prime`
 (tests/runtime/test_prime.py).
+
+modal runs against `metrale sandbox-sim modal` (bwrap behind it) through the official SDK and
+makes the same promises, with the service's network off and without kill_commands (the service
+has no such call); its SIGKILL case runs `metrale cleanup --runtime modal` and then finds
+nothing left.
 
 Each test checks (the `marker` fixture) that no process of it is left on the host.
 
@@ -52,7 +57,7 @@ from metrale.runtime.registry import config_class
 from tests.runtime.conftest import HAVE_BWRAP, processes_with, wait_gone
 from tests.runtime.engine import labelled_containers, require_engine
 
-BUILT_IN = ["subprocess", "bwrap", "docker", "ray-bwrap", "prime"]
+BUILT_IN = ["subprocess", "bwrap", "docker", "ray-bwrap", "prime", "modal"]
 EXTRA = [n for n in os.environ.get("METRALE_CONFORMANCE_RUNTIMES", "").split(",") if n.strip()]
 RUNTIMES = [*BUILT_IN, *(n.strip() for n in EXTRA)] if EXTRA else BUILT_IN
 
@@ -95,11 +100,14 @@ def prime_service() -> Iterator[None]:
 @pytest.fixture(params=RUNTIMES)
 def name(request: pytest.FixtureRequest) -> str:
     runtime = request.param
-    if runtime in ("bwrap", "ray-bwrap", "prime") and not HAVE_BWRAP:
+    if runtime in ("bwrap", "ray-bwrap", "prime", "modal") and not HAVE_BWRAP:
         pytest.skip("bwrap not installed")
     if runtime == "prime":
         pytest.importorskip("prime_sandboxes", reason="the prime extra is not installed")
         request.getfixturevalue("prime_service")
+    if runtime == "modal":
+        pytest.importorskip("modal", reason="the modal extra is not installed")
+        request.getfixturevalue("modal_sim")
     if runtime == "docker":
         require_engine()
     return runtime
@@ -209,9 +217,10 @@ def test_background_processes_are_gone_after_stop(
 
 
 def test_kill_commands_ends_every_process_and_keeps_the_sandbox(
-    make: Callable[..., Runtime], marker: str
+    name: str, make: Callable[..., Runtime], marker: str
 ) -> None:
     """What scoring relies on: a daemon left by one phase does not run into the next."""
+    skip_unless(name, declares(name, Capability.KILL_COMMANDS), "declares no kill_commands")
 
     async def body(rt: Runtime) -> None:
         await rt.run(
@@ -243,17 +252,21 @@ def _host_dirs() -> set[str]:
     return {p.name for prefix in ("metrale-sbx-", "metrale-bwrap-") for p in tmp.glob(f"{prefix}*")}
 
 
-def test_a_stopped_sandbox_leaves_no_directory_on_the_host(make: Callable[..., Runtime]) -> None:
+def test_a_stopped_sandbox_leaves_no_directory_on_the_host(
+    name: str, make: Callable[..., Runtime], request: pytest.FixtureRequest
+) -> None:
     """What a sandbox made on the host goes with its stop; only this process's own /etc copy
-    (bwrap's, one per process, removed at its exit) outlives it. A Ray actor's process is
-    killed after the stop, so nothing of it may wait for an exit."""
+    (bwrap's, one per process, removed at its exit) outlives it (and the modal emulator's, a
+    process of its own). A Ray actor's process is killed after the stop, so nothing of it may
+    wait for an exit."""
     before = _host_dirs()
+    emulator = request.getfixturevalue("modal_sim").proc.pid if name == "modal" else None
 
     async def body(rt: Runtime) -> None:
         assert (await rt.run("echo hi > here.txt && cat here.txt")).stdout == "hi\n"
 
     inside(make, body)
-    own = f"metrale-bwrap-{os.getpid()}-etc-"
+    own = tuple(f"metrale-bwrap-{pid}-etc-" for pid in (os.getpid(), emulator) if pid)
     deadline = time.monotonic() + 10  # bounded: a killed actor's files would never go
     while (left := sorted(d for d in _host_dirs() - before if not d.startswith(own))) and (
         time.monotonic() < deadline
@@ -397,7 +410,8 @@ def test_cpu_seconds_limit_kills(name: str, make: Callable[..., Runtime], marker
 
 
 def test_cpu_rate_limit_holds(name: str, make: Callable[..., Runtime], marker: str) -> None:
-    skip_unless(name, name != "prime", "the emulator's sandboxes do not bound the CPU rate")
+    skip_unless(name, name not in ("prime", "modal"),
+                "the emulator's sandboxes do not bound the CPU rate")  # fmt: skip
     skip_unless(name, name == "docker", "no CPU rate limit (RLIMIT_CPU seconds only)")
 
     async def body(rt: Runtime) -> None:
@@ -471,7 +485,8 @@ def test_nothing_is_left_after_a_sigkill_of_metrale(name: str, marker: str) -> N
         "prime": "a remote sandbox outlives a killed run until `metrale cleanup --runtime prime` "
         "(tests/runtime/test_prime.py)",
     }.get(name, "no supervisor outside metrale: a SIGKILLed run leaves its commands")
-    skip_unless(name, name in ("bwrap", "docker") and declares(name, Capability.LEFTOVERS), why)
+    skip_unless(name, name in ("bwrap", "docker", "modal") and declares(name, Capability.LEFTOVERS),
+                why)  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLED_RUN, name, marker],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -484,6 +499,13 @@ def test_nothing_is_left_after_a_sigkill_of_metrale(name: str, marker: str) -> N
         assert processes_with(marker)
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
+        if name == "modal":  # the service keeps it: `metrale cleanup` finds a dead run's
+            cleaned = subprocess.run(
+                [sys.executable, "-m", "metrale", "cleanup", "--runtime", "modal"],
+                capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            assert cleaned.returncode == 0, cleaned.stderr
+            assert "removed modal sandbox" in cleaned.stdout, cleaned.stdout
         assert not wait_gone(marker, 30), "the sandbox's process outlived metrale"
         if name == "docker":
             deadline = time.monotonic() + 30

@@ -20,6 +20,7 @@ from metrale.errors import UsageError
 
 SERVICES: dict[str, str] = {
     "prime": "metrale.sandbox_sim.prime:PrimeEmulator",
+    "modal": "metrale.sandbox_sim.modal:ModalEmulator",
 }
 
 
