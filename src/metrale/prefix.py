@@ -83,14 +83,18 @@ class IdealPrefixCache:
 
     def add(self, tokens: Sequence[object]) -> int:
         """Account one prompt in the order sent; returns the tokens a perfect cache serves."""
-        names = block_hashes(tokens, self.block)
+        return self.add_blocks(block_hashes(tokens, self.block), len(tokens))
+
+    def add_blocks(self, names: Sequence[bytes], tokens: int) -> int:
+        """`add` for a prompt of `tokens` tokens whose block names (`block_hashes`) are known:
+        a prompt sent many times is hashed once."""
         hits = 0
         for name in names:
             if name not in self._seen:
                 break
             hits += 1
         self._seen.update(names)
-        self.prompt_tokens += len(tokens)
+        self.prompt_tokens += tokens
         self.hit_tokens += hits * self.block
         return hits * self.block
 

@@ -57,6 +57,7 @@ from metrale.plugin import (
     Status,
 )
 from metrale.plugin.lifecycle import BenchmarkBase
+from metrale.prefix import IdealPrefixCache, block_hashes, message_words
 from metrale.stats import percentile
 
 
@@ -101,6 +102,9 @@ class ServeBenchmark(BenchmarkBase):
         self._t0 = 0.0
         self._next_prompt = 0
         self._ignore_eos = False
+        #: each body's prompt as prefix-cache blocks and its token count (`metrale.prefix`)
+        self._prefixes: list[tuple[list[bytes], int]] = []
+        self._ideal = IdealPrefixCache()
 
     def parameters(self) -> list[ParamSpec]:
         return serve_parameters()
@@ -121,6 +125,9 @@ class ServeBenchmark(BenchmarkBase):
             raise UsageError("give --requests N or --duration-s S (a level must stop)")
         if v["prompts"] not in ("synthetic", "gsm8k"):
             self._file_prompts = load_jsonl(Path(v["prompts"]))
+        if v["shared_prefix_tokens"] and v["prompts"] != "synthetic":
+            raise UsageError("--shared-prefix-tokens shapes synthetic prompts only; "
+                             f"--prompts is {v['prompts']!r}")  # fmt: skip
 
     # ------------------------------------------------------------------------ load
 
@@ -140,14 +147,20 @@ class ServeBenchmark(BenchmarkBase):
             tokenizer = Tokenizer(self._client.pool, handle.target)
             await tokenizer.detect()
             prompts, exact = await synthetic(
-                v["num_prompts"], v["input_tokens"], v["seed"], tokenizer
-            )
+                v["num_prompts"], v["input_tokens"], v["seed"], tokenizer,
+                v["shared_prefix_tokens"],
+            )  # fmt: skip
             if not exact:
                 self._log("warn", "the server has no tokenize endpoint: synthetic prompt "
                           f"lengths are approximate ({v['input_tokens']} tokens taken as "
                           f"{round(v['input_tokens'] / 1.3)} words)")  # fmt: skip
         self._ignore_eos = v["ignore_eos"] and await self._accepts_ignore_eos()
         self._bodies = [self._body(p) for p in prompts]
+        self._ideal = IdealPrefixCache(v["cache_block"])
+        self._prefixes = [
+            (block_hashes(words, v["cache_block"]), len(words))
+            for words in (message_words(p.messages) for p in prompts)
+        ]
         self._levels = ServeLevels(
             load=v["load"], slos=self.slos, percentiles=self.percentiles, input_tokens_exact=exact
         )
@@ -232,9 +245,12 @@ class ServeBenchmark(BenchmarkBase):
         bodies = self._bodies
 
         async def send(record: RequestRecord) -> None:
-            body = bodies[self._next_prompt % len(bodies)]
+            i = self._next_prompt % len(bodies)
             self._next_prompt += 1
-            await client.send(body, record, self._t0)
+            names, tokens = self._prefixes[i]
+            record.ideal_prompt_tokens = tokens
+            record.ideal_cached_tokens = self._ideal.add_blocks(names, tokens)
+            await client.send(bodies[i], record, self._t0)
 
         def on_record(record: RequestRecord) -> None:
             handle.artifacts.append_line(REQUESTS_FILE, record)
