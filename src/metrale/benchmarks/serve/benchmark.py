@@ -45,6 +45,7 @@ from metrale.benchmarks.serve.prompts import (
     synthetic,
 )
 from metrale.benchmarks.serve.table import levels_table, ms_text
+from metrale.benchmarks.serve.trace import TraceRequest, load_trace, trace_prompts
 from metrale.errors import UsageError
 from metrale.fmt import number_text
 from metrale.plugin import (
@@ -93,6 +94,7 @@ class ServeBenchmark(BenchmarkBase):
         self.slos: dict[str, float] = {}
         self.percentiles: list[float] = []
         self._file_prompts: list[Prompt] | None = None
+        self._trace: list[TraceRequest] | None = None
         self._client: StreamClient | None = None
         self._bodies: list[PreparedRequest] = []
         self._state: LevelState | None = None
@@ -125,6 +127,14 @@ class ServeBenchmark(BenchmarkBase):
             raise UsageError("give --requests N or --duration-s S (a level must stop)")
         if v["prompts"] not in ("synthetic", "gsm8k"):
             self._file_prompts = load_jsonl(Path(v["prompts"]))
+        if v["trace"]:
+            if v["load"] != "concurrency" or v["prompts"] != "synthetic":
+                raise UsageError("--trace replays its own arrivals and prompts; it takes no "
+                                 "--load rate/sweep nor --prompts")  # fmt: skip
+            if v["shared_prefix_tokens"]:
+                raise UsageError("--trace shares the blocks its hash_ids say; it takes no "
+                                 "--shared-prefix-tokens")  # fmt: skip
+            self._trace = load_trace(Path(v["trace"]))
         if v["shared_prefix_tokens"] and v["prompts"] != "synthetic":
             raise UsageError("--shared-prefix-tokens shapes synthetic prompts only; "
                              f"--prompts is {v['prompts']!r}")  # fmt: skip
@@ -142,6 +152,14 @@ class ServeBenchmark(BenchmarkBase):
             prompts = self._file_prompts
         elif v["prompts"] == "gsm8k":
             prompts = gsm8k_questions()
+        elif self._trace is not None:
+            handle.on_status("prompts")
+            tokenizer = Tokenizer(self._client.pool, handle.target)
+            exact = await tokenizer.detect()
+            prompts = await trace_prompts(self._trace, tokenizer)
+            if not exact:
+                self._log("warn", "the server has no tokenize endpoint: trace prompt lengths "
+                          "are approximate (1.3 tokens a word)")  # fmt: skip
         else:
             handle.on_status("prompts")
             tokenizer = Tokenizer(self._client.pool, handle.target)
@@ -161,8 +179,9 @@ class ServeBenchmark(BenchmarkBase):
             (block_hashes(words, v["cache_block"]), len(words))
             for words in (message_words(p.messages) for p in prompts)
         ]
+        load = "trace" if self._trace is not None else v["load"]
         self._levels = ServeLevels(
-            load=v["load"], slos=self.slos, percentiles=self.percentiles, input_tokens_exact=exact
+            load=load, slos=self.slos, percentiles=self.percentiles, input_tokens_exact=exact
         )
 
     def _body(self, prompt: Prompt, ignore_eos: bool | None = None) -> PreparedRequest:
@@ -197,6 +216,13 @@ class ServeBenchmark(BenchmarkBase):
 
     def _plan_fixed(self) -> LevelSpec:
         v = self.values
+        if self._trace is not None:
+            speed = v["trace_speed"]
+            return LevelSpec(
+                index=0, label=f"trace x{speed:g}", arrivals="constant",
+                measure=Bound(len(self._trace)), max_error_rate=v["max_error_rate"],
+                offsets_s=tuple(r.offset_s / speed for r in self._trace),
+            )  # fmt: skip
         if v["load"] == "concurrency":
             return self._spec(0, f"concurrency {v['concurrency']}", concurrency=v["concurrency"])
         return self._spec(0, f"rate {v['rate']:g}/s", rate=v["rate"])

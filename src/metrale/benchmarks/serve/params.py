@@ -114,6 +114,11 @@ def serve_parameters() -> list[ParamSpec]:
         ParamSpec(name="shared_prefix_tokens", type="int", default=0, min=0, max=1_000_000,
                   help="synthetic prompts all open with the same system message of this many "
                   "tokens (a prefix a server can cache)"),
+        ParamSpec(name="trace", type="str", default="",
+                  help="replay a Mooncake-format JSONL trace at its timestamps, open loop "
+                  "(replaces the load; lengths and shared blocks as recorded)"),
+        ParamSpec(name="trace_speed", type="float", default=1.0, min=0.001, max=1000.0,
+                  help="trace time scale: 2 replays twice as fast"),
         ParamSpec(name="cache_block", type="int", default=16, min=1, max=4096,
                   help="tokens per block of the ideal prefix cache (vLLM's block size)"),
         ParamSpec(name="max_tokens", type="int", default=128, min=1, max=1_000_000,

@@ -279,16 +279,16 @@ async def synthetic(
     if shared_prefix_tokens:
         shared = random.Random(f"shared-prefix-{seed}")
         words = ["shared:"] + [shared.choice(_VOCAB) for _ in range(shared_prefix_tokens * 2 + 8)]
-        text = await _text(words, shared_prefix_tokens, tokenizer if exact else None)
+        text = await text_of(words, shared_prefix_tokens, tokenizer if exact else None)
         head = [{"role": "system", "content": text}]
     for i in range(n_prompts):
         words = [f"{i}:"] + [rng.choice(_VOCAB) for _ in range(input_tokens * 2 + 8)]
-        text = await _text(words, input_tokens, tokenizer if exact else None)
+        text = await text_of(words, input_tokens, tokenizer if exact else None)
         prompts.append(Prompt([*head, {"role": "user", "content": text}]))
     return prompts, exact
 
 
-async def _text(words: list[str], tokens: int, tokenizer: Tokenizer | None) -> str:
+async def text_of(words: list[str], tokens: int, tokenizer: Tokenizer | None) -> str:
     """`words` cut to `tokens` tokens: exactly with a tokenizer, else at 1.3 tokens a word."""
     guess = max(1, round(tokens * WORDS_PER_TOKEN))
     if tokenizer is None:
