@@ -199,9 +199,11 @@ def test_closed_loop_ttft_and_throughput_follow_the_capacity_formulas(k: int, cl
     ttfts, wall = run_with(config, body)
     wait = service * (clients / k - 1)
     expected_ttft = ttft + per_token * u + wait
-    assert statistics.median(ttfts) == pytest.approx(expected_ttft, abs=0.03)
+    # the sim never answers sooner than the formula; a loaded machine only adds
+    assert expected_ttft - 0.005 <= statistics.median(ttfts) <= expected_ttft + 0.05
     throughput = clients * rounds / wall
-    assert throughput == pytest.approx(min(clients, k) / service, rel=0.2)
+    capacity = min(clients, k) / service  # an upper bound, exactly
+    assert 0.6 * capacity <= throughput <= 1.05 * capacity
 
 
 def test_a_request_with_tools_gets_a_call_of_the_first_tool() -> None:

@@ -26,6 +26,7 @@ from metrale.benchmarks.serve.metrics import (
     RequestRecord,
     summarize,
     tpot,
+    with_server_rate,
 )
 from metrale.benchmarks.serve.params import (
     LEVELS_FILE,
@@ -281,8 +282,13 @@ class ServeBenchmark(BenchmarkBase):
         def on_record(record: RequestRecord) -> None:
             handle.artifacts.append_line(REQUESTS_FILE, record)
 
+        started = time.perf_counter()
         records = await run_level(spec, send, on_record, state, self._t0)
         self._records[spec.index] = [r for r in records if r.phase == "measure"]
+        metrics = summarize(records, percentiles=self.percentiles, slos=self.slos)
+        if handle.telemetry is not None:
+            window = handle.telemetry.summary(started, time.perf_counter())
+            metrics.update(with_server_rate(metrics, window))
         summary = LevelSummary(
             index=spec.index,
             label=spec.label,
@@ -290,7 +296,7 @@ class ServeBenchmark(BenchmarkBase):
             rate=spec.rate,
             arrivals=spec.arrivals if spec.rate is not None else None,
             stopped=state.stopped,
-            metrics=summarize(records, percentiles=self.percentiles, slos=self.slos),
+            metrics=metrics,
         )
         self._levels.levels.append(summary)
         goodputs = [lv.metrics.get("goodput") for lv in self._levels.levels]
@@ -299,6 +305,10 @@ class ServeBenchmark(BenchmarkBase):
         if state.stopped:
             self._log("warn", f"{spec.label} stopped early: {state.stopped}")
         return summary
+
+    def in_flight(self) -> int | None:
+        """Requests in flight now: the load beside the server's telemetry (`telemetry.jsonl`)."""
+        return self._state.in_flight if self._state is not None else None
 
     async def run(self) -> None:
         self._t0 = self.work.started

@@ -267,6 +267,20 @@ def prefix_rates(ok: Sequence[RequestRecord]) -> dict[str, float | None]:
     }
 
 
+def with_server_rate(
+    level: Mapping[str, float | int | None], telemetry: Mapping[str, float | None]
+) -> dict[str, float | None]:
+    """A level's telemetry metrics; when no response reported `cached_tokens`, the server's
+    hit rate is the `/metrics` counters' (`server_prefix_hit_rate`), and efficiency follows."""
+    out = dict(telemetry)
+    server = telemetry.get("server_prefix_hit_rate")
+    ideal = level.get("prefix_hit_rate_ideal")
+    if level.get("prefix_hit_rate_server") is None and server is not None:
+        out["prefix_hit_rate_server"] = server
+        out["prefix_cache_efficiency"] = server / float(ideal) if ideal else None
+    return out
+
+
 def spread_ms(
     name: str, values: Sequence[float], percentiles: Sequence[float]
 ) -> dict[str, float | None]:
