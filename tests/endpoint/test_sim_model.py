@@ -175,11 +175,11 @@ def test_at_most_max_running_requests_are_served_and_the_rest_wait() -> None:
 def test_closed_loop_ttft_and_throughput_follow_the_capacity_formulas(k: int, clients: int) -> None:
     """docs/benchmarks/serve.md: S = ttft + p·u + itl·(n−1); with C clients a multiple of K,
     every request waits S·(C/K − 1) and throughput is min(C, K)/S requests/s."""
-    ttft, per_token, itl, n, u = 0.02, 0.002, 0.01, 5, 20
-    service = ttft + per_token * u + itl * (n - 1)  # 0.10 s
+    ttft, per_token, itl, n, u = 0.1, 0.01, 0.05, 5, 20
+    service = ttft + per_token * u + itl * (n - 1)  # 0.5 s: long beside a loaded loop's delays
     config = SimConfig(max_running=k, ttft_s=ttft, prefill_s_per_token=per_token, itl_s=itl,
                        output_tokens=n)  # fmt: skip
-    rounds = 3
+    rounds = 2
 
     async def body(server: SimServer, session: aiohttp.ClientSession, url: str) -> Any:
         ttfts: list[float] = []
@@ -200,7 +200,7 @@ def test_closed_loop_ttft_and_throughput_follow_the_capacity_formulas(k: int, cl
     wait = service * (clients / k - 1)
     expected_ttft = ttft + per_token * u + wait
     # the sim never answers sooner than the formula; a loaded machine only adds
-    assert expected_ttft - 0.005 <= statistics.median(ttfts) <= expected_ttft + 0.05
+    assert expected_ttft - 0.005 <= statistics.median(ttfts) <= 1.1 * expected_ttft + 0.05
     throughput = clients * rounds / wall
     capacity = min(clients, k) / service  # an upper bound, exactly
     assert 0.6 * capacity <= throughput <= 1.05 * capacity

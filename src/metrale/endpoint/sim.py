@@ -40,6 +40,7 @@ from metrale.endpoint.sim_model import (
     argument_pieces,
     wants_tool_call,
 )
+from metrale.endpoint.sim_wire import delta_call, frame, tool_call, usage_frame
 from metrale.prefix import DEFAULT_BLOCK, message_words
 
 ERROR_KINDS = ("5xx", "drop", "malformed")
@@ -292,7 +293,7 @@ class SimServer:
         if tool is not None:
             arguments = "".join(argument_pieces(tool, tokens))
             message["content"] = None
-            message["tool_calls"] = [_call(call_id, tool, arguments)]
+            message["tool_calls"] = [tool_call(call_id, tool, arguments)]
         out: dict[str, Any] = {
             "id": "chatcmpl-sim",
             "object": "chat.completion",
@@ -330,16 +331,16 @@ class SimServer:
         model = self.config.model
         want_usage = self.config.usage and (body.get("stream_options") or {}).get("include_usage")
         if tool is None:
-            frames = [_frame(created, model, {"content": tok}, None) for tok in tokens]
+            frames = [frame(created, model, {"content": tok}, None) for tok in tokens]
         else:
             pieces = argument_pieces(tool, tokens)
             frames = [
-                _frame(created, model, {"tool_calls": [_delta_call(i, call_id, tool, piece)]}, None)
+                frame(created, model, {"tool_calls": [delta_call(i, call_id, tool, piece)]}, None)
                 for i, piece in enumerate(pieces)
             ]
-        frames.append(_frame(created, model, {}, finish))
+        frames.append(frame(created, model, {}, finish))
         if want_usage:
-            frames.append(_usage_frame(created, model, usage))
+            frames.append(usage_frame(created, model, usage))
         frames.append(b"data: [DONE]\n\n")
         if first_token_at > time.monotonic():
             await _sleep_until(first_token_at)
@@ -354,30 +355,15 @@ class SimServer:
             await resp.write(b"".join(frames))
         else:
             last = time.monotonic()
-            for i, frame in enumerate(frames):
+            for i, data in enumerate(frames):
                 if 0 < i < len(tokens) and self.config.itl_s > 0:
                     await _sleep_until(last + self.config.itl_s)
                     last = time.monotonic()
                 if i < len(tokens):
                     await self._spend_token()
-                await resp.write(frame)
+                await resp.write(data)
         await resp.write_eof()
         return resp
-
-
-def _call(call_id: str, fn: dict[str, Any], arguments: str) -> dict[str, Any]:
-    return {
-        "id": call_id,
-        "type": "function",
-        "function": {"name": fn.get("name", ""), "arguments": arguments},
-    }
-
-
-def _delta_call(i: int, call_id: str, fn: dict[str, Any], piece: str) -> dict[str, Any]:
-    """A streamed tool call's piece: the first carries its id and name, as OpenAI's do."""
-    if i == 0:
-        return {"index": 0, **_call(call_id, fn, piece)}
-    return {"index": 0, "function": {"arguments": piece}}
 
 
 async def _sleep_until(deadline: float) -> None:
@@ -392,29 +378,6 @@ async def _sleep_until(deadline: float) -> None:
         await asyncio.sleep(remaining - 0.0015)
     while time.monotonic() < deadline:
         await asyncio.sleep(0)
-
-
-def _frame(created: int, model: str, delta: dict[str, Any], finish: str | None) -> bytes:
-    chunk = {
-        "id": "chatcmpl-sim",
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-    }
-    return b"data: " + orjson.dumps(chunk) + b"\n\n"
-
-
-def _usage_frame(created: int, model: str, usage: dict[str, int]) -> bytes:
-    chunk = {
-        "id": "chatcmpl-sim",
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [],
-        "usage": usage,
-    }
-    return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
 async def serve_forever(config: SimConfig) -> None:
