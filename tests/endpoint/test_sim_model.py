@@ -330,3 +330,44 @@ def test_bad_serving_model_flags_are_one_line_usage_errors(flag: str, value: str
     )  # fmt: skip
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and flag in proc.stderr
+
+
+@pytest.mark.parametrize("load", [0.8, 2.0])
+def test_open_loop_waits_only_past_k_over_s(load: float) -> None:
+    """docs/benchmarks/serve.md: at a constant rate λ ≤ K/S no request waits (TTFT = S0 + P·u);
+    past K/S the queue grows with every arrival."""
+    ttft, per_token, itl, n, u, k = 0.05, 0.005, 0.05, 4, 10, 2
+    service = ttft + per_token * u + itl * (n - 1)  # 0.25 s: capacity K/S = 8 req/s
+    rate = load * k / service
+    config = SimConfig(max_running=k, ttft_s=ttft, prefill_s_per_token=per_token, itl_s=itl,
+                       output_tokens=n)  # fmt: skip
+
+    async def body(
+        server: SimServer, session: aiohttp.ClientSession, url: str
+    ) -> list[tuple[float, float]]:
+        start = time.perf_counter()
+
+        async def one(i: int) -> tuple[float, float]:
+            await asyncio.sleep(i / rate)
+            sent = time.perf_counter()
+            t, _ = await stream_chat(
+                session, url, [{"role": "user", "content": words(f"o{i}x", u)}]
+            )
+            return t, sent + t - start
+
+        return list(await asyncio.gather(*(one(i) for i in range(16))))
+
+    got = run_with(config, body)
+    ttfts = [t for t, _ in got]
+    no_wait = ttft + per_token * u
+    # D/D/K: request i starts at its arrival i/λ or when a slot frees, ⌊i/K⌋·S after the first;
+    # its first token no_wait later. Neither comes sooner on a loaded machine, only later.
+    due = [max(i / rate, (i // k) * service) + no_wait for i in range(16)]
+    assert all(at >= d - 0.01 for (_, at), d in zip(got, due, strict=True))
+    if load < 1:
+        assert due == [i / rate + no_wait for i in range(16)]  # nobody waits
+        assert statistics.median(ttfts) < no_wait + 0.1
+    else:
+        # the 16th arrives 15/λ = 0.94 s in and starts at 7·S = 1.75 s: a 0.81 s wait
+        assert due[-1] - 15 / rate - no_wait == pytest.approx(0.8125)
+        assert ttfts[-1] > no_wait + 0.5
