@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -371,3 +372,32 @@ def test_open_loop_waits_only_past_k_over_s(load: float) -> None:
         # the 16th arrives 15/λ = 0.94 s in and starts at 7·S = 1.75 s: a 0.81 s wait
         assert due[-1] - 15 / rate - no_wait == pytest.approx(0.8125)
         assert ttfts[-1] > no_wait + 0.5
+
+
+def test_metrales_agent_loop_runs_live_against_the_sim(tmp_path: Path) -> None:
+    """The tool-call rule lets a live agent run: the sim's reply text becomes the bash tool's
+    command, its output goes back as a tool message, and after `--tool-turns` results the sim
+    answers text and the loop ends."""
+    from metrale.agent import Agent, AgentConfig
+    from metrale.endpoint.client import ChatClient, Target
+    from metrale.runtime import configs
+
+    marker = tmp_path / "ran"
+
+    async def go() -> Any:
+        runtime = configs.create_runtime(configs.runtime_config("subprocess"))
+        await runtime.start()
+        try:
+            target = Target(base_url=sim.url, model="metrale-sim")
+            async with ChatClient(target) as client:
+                agent = Agent(client, runtime, AgentConfig(max_turns=5))
+                return await agent.run("make the marker"), agent.messages
+        finally:
+            await runtime.stop()
+
+    with start_sim("--reply", f"touch {marker} && echo done", "--tool-turns", "2") as sim:
+        stats, messages = asyncio.run(go())
+    assert marker.exists()  # the command the sim's call carried really ran
+    assert stats.turns == 3 and stats.tool_calls == 2  # two calls, then a text answer
+    tool_results = [m for m in messages if m.get("role") == "tool"]
+    assert len(tool_results) == 2 and "done" in tool_results[0]["content"]
