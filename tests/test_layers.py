@@ -22,7 +22,14 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("matrix", ("metrale.matrix",)),
     (
         "runner",
-        ("metrale.runner", "metrale.rundir", "metrale.resume", "metrale.budgets", "metrale.live"),
+        (
+            "metrale.runner",
+            "metrale.rundir",
+            "metrale.resume",
+            "metrale.budgets",
+            "metrale.live",
+            "metrale.telemetry",
+        ),
     ),
     ("benchmarks", ("metrale.benchmarks",)),
     ("rollout", ("metrale.rollout",)),
@@ -42,6 +49,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "metrale.net",
             "metrale.datasets",
             "metrale.entry",
+            "metrale.prefix",
             "metrale",  # the package itself: its version only
         ),
     ),

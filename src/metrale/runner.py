@@ -10,6 +10,7 @@ nothing of what a benchmark measures.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import platform
 import sys
@@ -49,6 +50,8 @@ from metrale.plugin import (
 from metrale.rollout import finish
 from metrale.rundir import ResumeRecords, RunArtifacts
 from metrale.runtime.base import RuntimeConfig
+from metrale.telemetry import merge as merge_telemetry
+from metrale.telemetry import sampling
 
 logger = logging.getLogger(__name__)
 
@@ -249,6 +252,19 @@ async def _run_in(
     started = time.perf_counter()
     final = BenchmarkResult(status=Status.FAILED, error="run did not start")
     seen_logs = 0
+    notes: list[LogLine] = []
+    telemetry = contextlib.AsyncExitStack()
+    if target is not None and bench.needs_model():
+
+        def note(text: str) -> None:
+            notes.append(LogLine(level="info", message=text))
+            display.log(notes[-1])
+
+        in_flight = getattr(bench, "in_flight", None)
+        handle.telemetry = await telemetry.enter_async_context(sampling(
+            target, artifacts, origin=started, on_note=note,
+            load=in_flight if callable(in_flight) else lambda: None,
+        ))  # fmt: skip
     try:
         display.phase("load")
         await bench.load(handle)
@@ -276,6 +292,14 @@ async def _run_in(
         try:
             # to its end, whatever cancels us meanwhile: it stops every runtime still running
             await finish(_quiet(bench.cleanup()))
+        except asyncio.CancelledError:
+            interrupted.set()
+        try:
+            scraper = handle.telemetry
+            await finish(telemetry.aclose())
+            if scraper is not None:
+                merge_telemetry(final, scraper.summary(started, time.perf_counter()))
+            final.logs += notes
         except asyncio.CancelledError:
             interrupted.set()
         display.close()

@@ -31,6 +31,7 @@ from metrale.matrix.drilldown import cell_run_dir, drilldown_html
 from metrale.matrix.plot import LOG_SPAN, Panel, bar_label, panels_for
 from metrale.matrix.report import failure_notes, has_stages, report_table
 from metrale.plugin import CurvesRuns, Status, get_benchmark
+from metrale.telemetry import read_telemetry
 
 logger = logging.getLogger(__name__)
 
@@ -213,7 +214,8 @@ def _nice_step(raw: float) -> float:
 
 
 def _curves(cell: CellResult, run_dir: Path | None) -> list[dict[str, Any]]:
-    """The benchmark's own curves of the cell's run directory, axes and labels filled in."""
+    """The benchmark's own curves of the cell's run directory, then its server telemetry's,
+    axes and labels filled in."""
     if run_dir is None:
         return []
     try:
@@ -221,16 +223,41 @@ def _curves(cell: CellResult, run_dir: Path | None) -> list[dict[str, Any]]:
     except UsageError as exc:
         logger.info("%s: no curves of its own: %s", cell.cell, exc)
         return []
-    if not isinstance(bench, CurvesRuns):
-        return []
+    own = bench.run_curves(run_dir) if isinstance(bench, CurvesRuns) else []
     panels = []
-    for panel in bench.run_curves(run_dir):
+    for panel in [*own, *telemetry_curves(run_dir)]:
         xs = [p[0] for s in panel["series"] for p in s["points"]]
         ys = [p[1] for s in panel["series"] for p in s["points"]]
         if not xs:
             continue
         panels.append({**panel, "x": axis(xs, xs, log_ok=False), "y": axis(ys, ys)})
     return panels
+
+
+def telemetry_curves(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's server telemetry (`telemetry.jsonl`) against time: the client's requests in
+    flight beside the server's running and waiting ones, and its KV-cache usage."""
+    rows = read_telemetry(run_dir)
+
+    def series(key: str, name: str, unit: str, dashed: bool = False) -> dict[str, Any]:
+        pts = []
+        for r in rows:
+            y = getattr(r, key)
+            if y is not None:
+                tip = f"{name} {number_text(y)} {unit}\nt {number_text(r.t)} s"
+                pts.append([r.t, float(y), tip])
+        return {"name": name, "dashed": dashed, "points": pts}
+
+    x_label = "seconds since the run started"
+    panels: list[dict[str, Any]] = [
+        {"title": "requests: client load and server (/metrics)", "x_label": x_label,
+         "mark": None, "series": [series("load", "client in flight", "requests", True),
+                                  series("running", "server running", "requests"),
+                                  series("waiting", "server waiting", "requests")]},
+        {"title": "server KV-cache usage (/metrics)", "x_label": x_label, "mark": None,
+         "series": [series("kv_cache_usage", "KV-cache usage", "")]},
+    ]  # fmt: skip
+    return [p for p in panels if any(s["points"] for s in p["series"])]
 
 
 def _colour(i: int) -> str:

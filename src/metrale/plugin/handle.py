@@ -38,6 +38,14 @@ class Artifacts(Protocol):
     def write_json(self, name: str, model: BaseModel, indent: int | None = 2) -> Path: ...
 
 
+class TelemetryWindow(Protocol):
+    """The server's own telemetry while the run loads it (`metrale.endpoint.scrape`)."""
+
+    def summary(self, start: float, end: float) -> dict[str, float | None]:
+        """Telemetry metrics over [start, end] (perf_counter seconds); {} without samples."""
+        ...
+
+
 class Resume(Protocol):
     """What a resumed run already holds: the indices with a kept record, and those records."""
 
@@ -63,3 +71,5 @@ class PluginHandle:
     cancelled: Callable[[], bool] = lambda: False
     #: set when the run resumes a run directory (`metrale run --resume`)
     resume: Resume | None = None
+    #: the target's `/metrics` samples, when the runner samples them (`metrale.telemetry`)
+    telemetry: TelemetryWindow | None = None

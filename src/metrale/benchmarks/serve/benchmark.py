@@ -26,6 +26,7 @@ from metrale.benchmarks.serve.metrics import (
     RequestRecord,
     summarize,
     tpot,
+    with_server_rate,
 )
 from metrale.benchmarks.serve.params import (
     LEVELS_FILE,
@@ -45,6 +46,7 @@ from metrale.benchmarks.serve.prompts import (
     synthetic,
 )
 from metrale.benchmarks.serve.table import levels_table, ms_text
+from metrale.benchmarks.serve.trace import TraceRequest, load_trace, trace_prompts
 from metrale.errors import UsageError
 from metrale.fmt import number_text
 from metrale.plugin import (
@@ -57,6 +59,7 @@ from metrale.plugin import (
     Status,
 )
 from metrale.plugin.lifecycle import BenchmarkBase
+from metrale.prefix import IdealPrefixCache, block_hashes, message_words
 from metrale.stats import percentile
 
 
@@ -92,6 +95,7 @@ class ServeBenchmark(BenchmarkBase):
         self.slos: dict[str, float] = {}
         self.percentiles: list[float] = []
         self._file_prompts: list[Prompt] | None = None
+        self._trace: list[TraceRequest] | None = None
         self._client: StreamClient | None = None
         self._bodies: list[PreparedRequest] = []
         self._state: LevelState | None = None
@@ -101,6 +105,9 @@ class ServeBenchmark(BenchmarkBase):
         self._t0 = 0.0
         self._next_prompt = 0
         self._ignore_eos = False
+        #: each body's prompt as prefix-cache blocks and its token count (`metrale.prefix`)
+        self._prefixes: list[tuple[list[bytes], int]] = []
+        self._ideal = IdealPrefixCache()
 
     def parameters(self) -> list[ParamSpec]:
         return serve_parameters()
@@ -121,6 +128,17 @@ class ServeBenchmark(BenchmarkBase):
             raise UsageError("give --requests N or --duration-s S (a level must stop)")
         if v["prompts"] not in ("synthetic", "gsm8k"):
             self._file_prompts = load_jsonl(Path(v["prompts"]))
+        if v["trace"]:
+            if v["load"] != "concurrency" or v["prompts"] != "synthetic":
+                raise UsageError("--trace replays its own arrivals and prompts; it takes no "
+                                 "--load rate/sweep nor --prompts")  # fmt: skip
+            if v["shared_prefix_tokens"]:
+                raise UsageError("--trace shares the blocks its hash_ids say; it takes no "
+                                 "--shared-prefix-tokens")  # fmt: skip
+            self._trace = load_trace(Path(v["trace"]))
+        if v["shared_prefix_tokens"] and v["prompts"] != "synthetic":
+            raise UsageError("--shared-prefix-tokens shapes synthetic prompts only; "
+                             f"--prompts is {v['prompts']!r}")  # fmt: skip
 
     # ------------------------------------------------------------------------ load
 
@@ -135,21 +153,36 @@ class ServeBenchmark(BenchmarkBase):
             prompts = self._file_prompts
         elif v["prompts"] == "gsm8k":
             prompts = gsm8k_questions()
+        elif self._trace is not None:
+            handle.on_status("prompts")
+            tokenizer = Tokenizer(self._client.pool, handle.target)
+            exact = await tokenizer.detect()
+            prompts = await trace_prompts(self._trace, tokenizer)
+            if not exact:
+                self._log("warn", "the server has no tokenize endpoint: trace prompt lengths "
+                          "are approximate (1.3 tokens a word)")  # fmt: skip
         else:
             handle.on_status("prompts")
             tokenizer = Tokenizer(self._client.pool, handle.target)
             await tokenizer.detect()
             prompts, exact = await synthetic(
-                v["num_prompts"], v["input_tokens"], v["seed"], tokenizer
-            )
+                v["num_prompts"], v["input_tokens"], v["seed"], tokenizer,
+                v["shared_prefix_tokens"],
+            )  # fmt: skip
             if not exact:
                 self._log("warn", "the server has no tokenize endpoint: synthetic prompt "
                           f"lengths are approximate ({v['input_tokens']} tokens taken as "
                           f"{round(v['input_tokens'] / 1.3)} words)")  # fmt: skip
         self._ignore_eos = v["ignore_eos"] and await self._accepts_ignore_eos()
         self._bodies = [self._body(p) for p in prompts]
+        self._ideal = IdealPrefixCache(v["cache_block"])
+        self._prefixes = [
+            (block_hashes(words, v["cache_block"]), len(words))
+            for words in (message_words(p.messages) for p in prompts)
+        ]
+        load = "trace" if self._trace is not None else v["load"]
         self._levels = ServeLevels(
-            load=v["load"], slos=self.slos, percentiles=self.percentiles, input_tokens_exact=exact
+            load=load, slos=self.slos, percentiles=self.percentiles, input_tokens_exact=exact
         )
 
     def _body(self, prompt: Prompt, ignore_eos: bool | None = None) -> PreparedRequest:
@@ -184,6 +217,13 @@ class ServeBenchmark(BenchmarkBase):
 
     def _plan_fixed(self) -> LevelSpec:
         v = self.values
+        if self._trace is not None:
+            speed = v["trace_speed"]
+            return LevelSpec(
+                index=0, label=f"trace x{speed:g}", arrivals="constant",
+                measure=Bound(len(self._trace)), max_error_rate=v["max_error_rate"],
+                offsets_s=tuple(r.offset_s / speed for r in self._trace),
+            )  # fmt: skip
         if v["load"] == "concurrency":
             return self._spec(0, f"concurrency {v['concurrency']}", concurrency=v["concurrency"])
         return self._spec(0, f"rate {v['rate']:g}/s", rate=v["rate"])
@@ -232,15 +272,23 @@ class ServeBenchmark(BenchmarkBase):
         bodies = self._bodies
 
         async def send(record: RequestRecord) -> None:
-            body = bodies[self._next_prompt % len(bodies)]
+            i = self._next_prompt % len(bodies)
             self._next_prompt += 1
-            await client.send(body, record, self._t0)
+            names, tokens = self._prefixes[i]
+            record.ideal_prompt_tokens = tokens
+            record.ideal_cached_tokens = self._ideal.add_blocks(names, tokens)
+            await client.send(bodies[i], record, self._t0)
 
         def on_record(record: RequestRecord) -> None:
             handle.artifacts.append_line(REQUESTS_FILE, record)
 
+        started = time.perf_counter()
         records = await run_level(spec, send, on_record, state, self._t0)
         self._records[spec.index] = [r for r in records if r.phase == "measure"]
+        metrics = summarize(records, percentiles=self.percentiles, slos=self.slos)
+        if handle.telemetry is not None:
+            window = handle.telemetry.summary(started, time.perf_counter())
+            metrics.update(with_server_rate(metrics, window))
         summary = LevelSummary(
             index=spec.index,
             label=spec.label,
@@ -248,7 +296,7 @@ class ServeBenchmark(BenchmarkBase):
             rate=spec.rate,
             arrivals=spec.arrivals if spec.rate is not None else None,
             stopped=state.stopped,
-            metrics=summarize(records, percentiles=self.percentiles, slos=self.slos),
+            metrics=metrics,
         )
         self._levels.levels.append(summary)
         goodputs = [lv.metrics.get("goodput") for lv in self._levels.levels]
@@ -257,6 +305,10 @@ class ServeBenchmark(BenchmarkBase):
         if state.stopped:
             self._log("warn", f"{spec.label} stopped early: {state.stopped}")
         return summary
+
+    def in_flight(self) -> int | None:
+        """Requests in flight now: the load beside the server's telemetry (`telemetry.jsonl`)."""
+        return self._state.in_flight if self._state is not None else None
 
     async def run(self) -> None:
         self._t0 = self.work.started
