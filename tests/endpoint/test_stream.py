@@ -1,6 +1,6 @@
 """The one SSE parser and its definitions, on hand-made bytes delivered in hand-made reads.
 
-`_read_sse` is fed by a stand-in for `http.Response` (status and `iter_chunks`), so that each
+`_read_sse` is fed by a stand-in for `http.Response` (status and `next_piece`), so that each
 read's bytes and its arrival order are the test's; the real transport is tested in test_http.py
 and, end to end, in test_client_timing.py and tests/benchmarks/serve/test_client.py.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -25,23 +24,24 @@ from metrale.endpoint.stream import (
 
 
 class _Resp:
-    """Reads `pieces` one per 10 ms, so that each read gets a later stamp than the last."""
+    """Delivers `pieces` one per 10 ms, each stamped on arrival, so that each gets a later
+    stamp than the last."""
 
     status = 200
 
     def __init__(self, pieces: list[bytes]) -> None:
-        self.pieces = pieces
+        self.pieces = iter(pieces)
+        self.sent_at = time.perf_counter()
 
-    async def iter_chunks(self, max_bytes: int | None = None) -> AsyncIterator[bytes]:
-        for piece in self.pieces:
-            await asyncio.sleep(0.01)
-            yield piece
+    async def next_piece(self, max_bytes: int | None = None) -> tuple[bytes, float] | None:
+        await asyncio.sleep(0.01)
+        piece = next(self.pieces, None)
+        return None if piece is None else (piece, time.perf_counter())
 
 
 def read(pieces: list[bytes], keep_text: bool = False) -> Completion:
     parser = StreamParser(keep_text=keep_text, keep_times=True)
-    send = time.perf_counter()
-    return asyncio.run(_read_sse(_Resp(pieces), send, parser, None))  # type: ignore[arg-type]
+    return asyncio.run(_read_sse(_Resp(pieces), parser, None))  # type: ignore[arg-type]
 
 
 def event(

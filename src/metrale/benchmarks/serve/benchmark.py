@@ -59,6 +59,11 @@ from metrale.plugin import (
 from metrale.plugin.lifecycle import BenchmarkBase
 from metrale.stats import percentile
 
+#: Client lag (arrival to processed) above which a level's chunk times may be the client's:
+#: chunks are stamped on arrival, so only a client a whole chunk interval behind (tens of ms
+#: at a batching server's decode step) stamps late; 10 ms is well before that.
+CLIENT_LAG_WARN_MS = 10.0
+
 
 class ServeBenchmark(BenchmarkBase):
     #: serve never retries (a retry changes the load) and runs nothing in a sandbox
@@ -239,6 +244,10 @@ class ServeBenchmark(BenchmarkBase):
         def on_record(record: RequestRecord) -> None:
             handle.artifacts.append_line(REQUESTS_FILE, record)
 
+        if not spec.warmup.empty:
+            # A warm-up opens the level's connections before it starts, so that no measured
+            # request pays a connect (reported apart anyway: `connect_ms_*`).
+            await client.pool.open(spec.concurrency or spec.max_concurrency or 0)
         records = await run_level(spec, send, on_record, state, self._t0)
         self._records[spec.index] = [r for r in records if r.phase == "measure"]
         summary = LevelSummary(
@@ -366,6 +375,12 @@ class ServeBenchmark(BenchmarkBase):
             if lag is not None and lag > 5.0:
                 text = f"{lv.label}: client scheduling lag p99 {number_text(lag)} ms > 5 ms"
                 self._log("warn", text + "; the client, not the server, may be limiting this level")
+            client = lv.metrics.get("client_lag_ms_p99")
+            if client is not None and client > CLIENT_LAG_WARN_MS:
+                self._log("warn", f"{lv.label}: client lag p99 {number_text(client)} ms > "
+                          f"{CLIENT_LAG_WARN_MS:g} ms: the client fell behind the streams, so "
+                          "chunk times may be the client's, not the server's (see "
+                          "--client-workers)")  # fmt: skip
         if not self.slos and len(levels) > 1:
             self._log("info", "no --slo given: goodput equals throughput, the knee is saturation")
 
