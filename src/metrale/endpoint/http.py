@@ -37,7 +37,7 @@ from metrale.endpoint.framing import (
     ToClose,
     content_length,
 )
-from metrale.endpoint.wire import Wire, open_wire
+from metrale.endpoint.wire import Address, Wire, open_wire, resolve
 
 __all__ = ["ConnectionPool", "HttpConnectionError", "HttpProtocolError", "Response"]
 
@@ -217,11 +217,14 @@ class ConnectionPool:
         self._head = "".join(f"{k}: {v}\r\n" for k, v in base.items())
         self._ssl = ssl.create_default_context() if self.https else None
         self._idle: list[_Connection] = []
+        self._addresses: list[Address] | None = None
 
     async def _connect(self) -> _Connection:
         started = time.perf_counter()
         try:
-            wire = await open_wire(self.host, self.port, self._ssl)
+            if self._addresses is None and self._ssl is None:
+                self._addresses = await resolve(self.host, self.port)
+            wire = await open_wire(self.host, self.port, self._ssl, self._addresses)
         except OSError as exc:
             raise HttpConnectionError(
                 f"cannot connect to {self.host}:{self.port}: {exc}", exc

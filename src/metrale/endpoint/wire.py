@@ -29,7 +29,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 #: Linux's SO_TIMESTAMPNS (the "old" 64-bit timespec form; the Python module does not name it).
 SO_TIMESTAMPNS: int | None = getattr(
@@ -233,7 +233,23 @@ class TransportWire:
         self.transport.close()
 
 
-async def open_wire(host: str, port: int, tls: ssl.SSLContext | None) -> Wire:
+Address = tuple[int, int, int, tuple[Any, ...]]
+
+
+async def resolve(host: str, port: int) -> list[Address]:
+    """The addresses of `host`: a numeric one at once, a name through the loop's resolver
+    (a thread). A pool resolves once: 1,000 connects must not queue 1,000 lookups."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [(family, kind, proto, address) for family, kind, proto, _, address in infos]
+
+
+async def open_wire(
+    host: str, port: int, tls: ssl.SSLContext | None, addresses: list[Address] | None = None
+) -> Wire:
     """Connect (and shake hands, with `tls`); `OSError` when no address of `host` answers."""
     loop = asyncio.get_running_loop()
     if tls is not None:
@@ -241,9 +257,8 @@ async def open_wire(host: str, port: int, tls: ssl.SSLContext | None) -> Wire:
             _Stamping, host, port, ssl=tls, server_hostname=host
         )
         return TransportWire(transport, protocol)
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     failed: OSError | None = None
-    for family, kind, proto, _, address in infos:
+    for family, kind, proto, address in addresses or await resolve(host, port):
         sock = socket.socket(family, kind, proto)
         try:
             sock.setblocking(False)
