@@ -1,6 +1,6 @@
 """The one SSE parser and its definitions, on hand-made bytes delivered in hand-made reads.
 
-`_read_sse` is fed by a stand-in for `http.Response` (status and `next_piece`), so that each
+`_read_sse` is fed by a stand-in for `http.Response` (status and `consume`), so that each
 read's bytes and its arrival order are the test's; the real transport is tested in test_http.py
 and, end to end, in test_client_timing.py and tests/benchmarks/serve/test_client.py.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -33,10 +34,13 @@ class _Resp:
         self.pieces = iter(pieces)
         self.sent_at = time.perf_counter()
 
-    async def next_piece(self, max_bytes: int | None = None) -> tuple[bytes, float] | None:
-        await asyncio.sleep(0.01)
-        piece = next(self.pieces, None)
-        return None if piece is None else (piece, time.perf_counter())
+    async def consume(
+        self, on_piece: Callable[[bytes, float], bool], max_bytes: int | None = None
+    ) -> None:
+        for piece in self.pieces:
+            await asyncio.sleep(0.01)
+            if on_piece(piece, time.perf_counter()):
+                return
 
 
 def read(pieces: list[bytes], keep_text: bool = False) -> Completion:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -93,28 +93,57 @@ class Response:
                 raise HttpConnectionError(f"{type(exc).__name__}: {exc}") from None
             if got is None:
                 self._conn.reusable = False
-                framing.closed()
                 self._done = True
+                framing.closed()
                 return None
-            raw, stamp = got
-            try:
-                payload, rest, done = framing.feed(raw)
-            except HttpProtocolError:
-                self._conn.reusable = False
-                raise
-            if rest:
-                arrivals.unread(rest, stamp)
-            self._seen += len(payload)
-            if self._cap is not None and self._seen > self._cap:
-                self._conn.reusable = False
-                raise HttpProtocolError(
-                    "response_too_large",
-                    f"response body over the cap of {self._cap} bytes (--max-response-kb)",
-                )
-            self._done = done
-            if payload:
-                return payload, stamp
+            if payload := self._take(*got):
+                return payload, got[1]
         return None
+
+    def _take(self, raw: bytes, stamp: float) -> bytes:
+        """One arrival through the framing and the cap: its payload (`_done` set at the end)."""
+        assert self._framing is not None
+        try:
+            payload, rest, done = self._framing.feed(raw)
+        except HttpProtocolError:
+            self._conn.reusable = False
+            raise
+        if rest:
+            self._conn.wire.arrivals.unread(rest, stamp)
+        self._seen += len(payload)
+        if self._cap is not None and self._seen > self._cap:
+            self._conn.reusable = False
+            raise HttpProtocolError(
+                "response_too_large",
+                f"response body over the cap of {self._cap} bytes (--max-response-kb)",
+            )
+        self._done = done
+        return payload
+
+    async def consume(self, on_piece: PieceFn, max_bytes: int | None = None) -> None:
+        """Hand the body to `on_piece(payload, stamp)` piece by piece, until it returns True or
+        the body ends; what has not arrived yet is handed over in the connection's read
+        callback as it arrives (`wire.Arrivals.divert`), with no task switch per piece. Errors
+        are those of `next_piece`, and whatever `on_piece` raises."""
+        if self._framing is None:
+            self._start(max_bytes)
+        arrivals = self._conn.wire.arrivals
+        while not self._done and (got := arrivals.take()) is not None:
+            payload = self._take(*got)
+            if payload and on_piece(payload, got[1]):
+                return
+        if self._done:
+            return
+        if arrivals.closed:
+            if (got := await self.next_piece()) is not None:  # the end, or its error
+                on_piece(*got)
+            return
+        sink = _Sink(self, on_piece, asyncio.get_running_loop().create_future())
+        arrivals.divert(sink)
+        try:
+            await sink.finished
+        finally:
+            arrivals.divert(None)
 
     async def iter_chunks(self, max_bytes: int | None = None) -> AsyncIterator[bytes]:
         """The body in the pieces the socket delivers (framing removed). The body is one
@@ -141,6 +170,52 @@ class Response:
             self._pool.put(self._conn)
         else:
             self._conn.close()
+
+
+PieceFn = Callable[[bytes, float], bool]
+
+
+class _Sink:
+    """`Response.consume`'s side in the connection's read callback."""
+
+    __slots__ = ("finished", "on_piece", "response")
+
+    def __init__(self, response: Response, on_piece: PieceFn, finished: asyncio.Future[None]):
+        self.response = response
+        self.on_piece = on_piece
+        self.finished = finished
+
+    def piece(self, data: bytes, stamp: float) -> None:
+        try:
+            payload = self.response._take(data, stamp)
+            if (payload and self.on_piece(payload, stamp)) or self.response._done:
+                self._finish(None)
+        except BaseException as exc:
+            self._finish(exc)
+
+    def _finish(self, error: BaseException | None) -> None:
+        """Detach at once (what arrives next is queued for whoever reads next) and wake the
+        reader."""
+        self.response._conn.wire.arrivals.divert(None)
+        if self.finished.done():
+            return
+        if error is None:
+            self.finished.set_result(None)
+        else:
+            self.finished.set_exception(error)
+
+    def end(self, error: BaseException | None) -> None:
+        response = self.response
+        response._conn.reusable = False
+        response._done = True
+        try:
+            if error is not None:
+                raise HttpConnectionError(f"{type(error).__name__}: {error}")
+            assert response._framing is not None
+            response._framing.closed()
+            self._finish(None)
+        except BaseException as exc:
+            self._finish(exc)
 
 
 def _status(line: bytes) -> int:

@@ -387,17 +387,20 @@ async def _read_sse(resp: Response, parser: StreamParser, cap: int | None) -> Co
     """Split the body into events as bytes arrive; every event of an arrival gets the arrival's
     stamp (taken before any of this ran, `endpoint.wire`).
 
-    Whole arrivals (not line by line) keep the per-arrival cost to a split; the client lag is
-    the longest time from an arrival to the end of its processing.
+    Each arrival is processed in the connection's read callback (`Response.consume`), with no
+    task switch per chunk; whole arrivals (not line by line) keep its cost to a split. The
+    client lag is the longest time from an arrival to the end of its processing.
     """
     clock = time.perf_counter
     start = resp.sent_at
-    buf = b""
+    held = b""
     lag = 0.0
-    stamp = start
-    while (piece := await resp.next_piece(cap)) is not None:
-        data, stamp = piece
-        buf = buf + data if buf else data
+    last = start
+
+    def on_piece(data: bytes, stamp: float) -> bool:
+        nonlocal held, lag, last
+        last = stamp
+        buf = held + data if held else data
         if b"\r" in buf:
             buf = buf.replace(b"\r\n", b"\n")
         if b"\n\n" in buf:
@@ -406,11 +409,13 @@ async def _read_sse(resp: Response, parser: StreamParser, cap: int | None) -> Co
             for event in events:
                 if parser.feed(event, now):
                     break
+        held = buf
         lag = max(lag, clock() - stamp)
-        if parser.done:
-            break
-    if buf.strip() and not parser.done:
-        parser.feed(buf, stamp - start)
+        return parser.done
+
+    await resp.consume(on_piece, cap)
+    if held.strip() and not parser.done:
+        parser.feed(held, last - start)
     done = parser.finish(resp.status)
     done.client_lag_s = lag
     return done

@@ -46,7 +46,9 @@ _TIMESPEC = struct.Struct("qq")
 class Arrivals:
     """The pieces a connection received, in order, each with its arrival stamp (perf_counter)."""
 
-    __slots__ = ("_eof", "_error", "_paused", "_pieces", "_size", "_waiter", "pause", "resume")
+    __slots__ = (
+        "_eof", "_error", "_paused", "_pieces", "_sink", "_size", "_waiter", "pause", "resume",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self._pieces: deque[tuple[bytes, float]] = deque()
@@ -57,8 +59,18 @@ class Arrivals:
         self._paused = False
         self.pause: Callable[[], None] | None = None
         self.resume: Callable[[], None] | None = None
+        self._sink: Sink | None = None
+
+    def divert(self, sink: Sink | None) -> None:
+        """Hand each piece to `sink` as it arrives, in the connection's read callback, instead
+        of queueing it for `next` (None: queue again). A streamed body is then processed with
+        no task switch per chunk; its stamp was taken before, all the same."""
+        self._sink = sink
 
     def feed(self, data: bytes, stamp: float) -> None:
+        if self._sink is not None and not self._pieces:
+            self._sink.piece(data, stamp)
+            return
         self._pieces.append((data, stamp))
         self._size += len(data)
         if self._size > HIGH_WATER and self.pause is not None and not self._paused:
@@ -68,11 +80,26 @@ class Arrivals:
 
     def feed_eof(self) -> None:
         self._eof = True
+        if self._sink is not None:
+            self._sink.end(None)
         self._wake()
 
     def fail(self, error: BaseException) -> None:
         self._error = error
+        if self._sink is not None:
+            self._sink.end(error)
         self._wake()
+
+    def take(self) -> tuple[bytes, float] | None:
+        """The next queued piece without waiting; None when none is queued."""
+        if not self._pieces:
+            return None
+        data, stamp = self._pieces.popleft()
+        self._size -= len(data)
+        if self._paused and self._size < HIGH_WATER // 2 and self.resume is not None:
+            self._paused = False
+            self.resume()
+        return data, stamp
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -82,6 +109,11 @@ class Arrivals:
     @property
     def at_eof(self) -> bool:
         return self._eof and not self._pieces
+
+    @property
+    def closed(self) -> bool:
+        """Nothing more will arrive: the end was read, or the connection failed."""
+        return self._eof or self._error is not None
 
     async def next(self) -> tuple[bytes, float] | None:
         """The next piece and its stamp; None at the end of the stream."""
@@ -95,18 +127,19 @@ class Arrivals:
                 await self._waiter
             finally:
                 self._waiter = None
-        data, stamp = self._pieces.popleft()
-        self._size -= len(data)
-        if self._paused and self._size < HIGH_WATER // 2 and self.resume is not None:
-            self._paused = False
-            self.resume()
-        return data, stamp
+        return self.take()
 
     def unread(self, data: bytes, stamp: float) -> None:
         """Put back what a caller took but did not use (the start of a body after its headers)."""
         if data:
             self._pieces.appendleft((data, stamp))
             self._size += len(data)
+
+
+class Sink(Protocol):
+    def piece(self, data: bytes, stamp: float) -> None: ...
+
+    def end(self, error: BaseException | None) -> None: ...
 
 
 class Wire(Protocol):
