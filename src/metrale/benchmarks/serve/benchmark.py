@@ -45,6 +45,7 @@ from metrale.benchmarks.serve.prompts import (
     synthetic,
 )
 from metrale.benchmarks.serve.table import levels_table, ms_text
+from metrale.benchmarks.serve.workers import parse_workers, run_level_in_workers
 from metrale.errors import UsageError
 from metrale.fmt import number_text
 from metrale.plugin import (
@@ -95,6 +96,7 @@ class ServeBenchmark(BenchmarkBase):
     def __init__(self) -> None:
         super().__init__()
         self.slos: dict[str, float] = {}
+        self.client_workers = 1
         self.percentiles: list[float] = []
         self._file_prompts: list[Prompt] | None = None
         self._client: StreamClient | None = None
@@ -119,6 +121,7 @@ class ServeBenchmark(BenchmarkBase):
     def configured(self) -> None:
         v = self.values
         self.slos = parse_slos(v["slo"])
+        self.client_workers = parse_workers(v["client_workers"])
         self.percentiles = parse_percentiles(v["percentiles"])
         if v["load"] == "rate" and v["rate"] is None:
             raise UsageError("load=rate needs --rate REQ_PER_S")
@@ -244,11 +247,18 @@ class ServeBenchmark(BenchmarkBase):
         def on_record(record: RequestRecord) -> None:
             handle.artifacts.append_line(REQUESTS_FILE, record)
 
-        if not spec.warmup.empty:
-            # A warm-up opens the level's connections before it starts, so that no measured
-            # request pays a connect (reported apart anyway: `connect_ms_*`).
-            await client.pool.open(spec.concurrency or spec.max_concurrency or 0)
-        records = await run_level(spec, send, on_record, state, self._t0)
+        if self.client_workers > 1 and spec.concurrency is not None and spec.concurrency > 1:
+            assert handle.target is not None
+            records = await run_level_in_workers(
+                spec, self.client_workers, handle.target, handle.client_options,
+                self.values["api"], bodies, self._t0, state, on_record,
+            )  # fmt: skip
+        else:
+            if not spec.warmup.empty:
+                # A warm-up opens the level's connections before it starts, so that no
+                # measured request pays a connect (reported apart anyway: `connect_ms_*`).
+                await client.pool.open(spec.concurrency or spec.max_concurrency or 0)
+            records = await run_level(spec, send, on_record, state, self._t0)
         self._records[spec.index] = [r for r in records if r.phase == "measure"]
         summary = LevelSummary(
             index=spec.index,
@@ -379,8 +389,8 @@ class ServeBenchmark(BenchmarkBase):
             if client is not None and client > CLIENT_LAG_WARN_MS:
                 self._log("warn", f"{lv.label}: client lag p99 {number_text(client)} ms > "
                           f"{CLIENT_LAG_WARN_MS:g} ms: the client fell behind the streams, so "
-                          "chunk times may be the client's, not the server's (see "
-                          "--client-workers)")  # fmt: skip
+                          "chunk times may be the client's, not the server's (--client-workers "
+                          "spreads the load over processes)")  # fmt: skip
         if not self.slos and len(levels) > 1:
             self._log("info", "no --slo given: goodput equals throughput, the knee is saturation")
 
