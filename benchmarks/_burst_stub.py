@@ -2,9 +2,10 @@
 
 vLLM, SGLang and llama-server emit one chunk for each running sequence at every decode step,
 so a client sees bursts of N chunks (N = streams) every step. This stub does only that: a
-stream joins at the next step after its request arrived, gets one chunk a step until it has
-`--tokens`, then its finish, usage and `[DONE]` in the same write. It answers `GET /models`
-(one model, `stub`) and nothing else but `POST .../chat/completions`. It has no dependency on
+stream's first chunk goes as soon as its request is read (so that TTFT is the clients' and
+the stub's path, not the phase of a step), then it gets one chunk at each step of the shared
+clock until it has `--tokens`, then its finish, usage and `[DONE]` in the same write. It
+answers `GET /models` (one model, `stub`) and nothing else but `POST .../chat/completions`. It has no dependency on
 metrale: it is the independent side of `serve_bursts.py`'s comparison.
 
     python benchmarks/_burst_stub.py --port 0 --step-ms 30 --tokens 16
@@ -101,8 +102,11 @@ class Conn(asyncio.Protocol):
                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
                 )
             elif path.endswith(b"/chat/completions"):
-                self.transport.write(HEAD)
-                self.stub.running.append([self.transport, self.stub.tokens])
+                if self.stub.tokens == 1:
+                    self.transport.write(HEAD + self.stub.token + self.stub.end)
+                else:
+                    self.transport.write(HEAD + self.stub.token)
+                    self.stub.running.append([self.transport, self.stub.tokens - 1])
             else:
                 self.transport.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
 
