@@ -5,8 +5,8 @@ so a client sees bursts of N chunks (N = streams) every step. This stub does onl
 stream's first chunk goes as soon as its request is read (so that TTFT is the clients' and
 the stub's path, not the phase of a step), then it gets one chunk at each step of the shared
 clock until it has `--tokens`, then its finish, usage and `[DONE]` in the same write. It
-answers `GET /models` (one model, `stub`) and nothing else but `POST .../chat/completions`. It has no dependency on
-metrale: it is the independent side of `serve_bursts.py`'s comparison.
+answers `GET /models` (one model, `stub`) and nothing else but `POST .../chat/completions`.
+It has no dependency on metrale: it is the independent side of `serve_bursts.py`'s comparison.
 
     python benchmarks/_burst_stub.py --port 0 --step-ms 30 --tokens 16
     (prints "listening on http://127.0.0.1:PORT/v1", then serves until killed)
