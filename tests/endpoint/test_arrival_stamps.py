@@ -238,3 +238,13 @@ def test_opening_connections_ahead_spares_every_request_its_connect() -> None:
     opened, connects = asyncio.run(go())
     assert opened == 8
     assert connects == [None] * 8
+
+
+def test_the_chat_client_records_the_connect_of_its_first_call_only() -> None:
+    async def go() -> list[float | None]:
+        async with _serve(_quick) as url, ChatClient(Target(base_url=url, model="m")) as c:
+            calls = [await c.chat([{"role": "user", "content": "x"}]) for _ in range(2)]
+            return [call.connect_s for call in calls]
+
+    first, second = asyncio.run(go())
+    assert first is not None and first > 0 and second is None
