@@ -248,3 +248,27 @@ def test_the_chat_client_records_the_connect_of_its_first_call_only() -> None:
 
     first, second = asyncio.run(go())
     assert first is not None and first > 0 and second is None
+
+
+def test_a_pool_looks_its_host_up_once_for_many_connects(monkeypatch: pytest.MonkeyPatch) -> None:
+    """1,000 first requests must not queue 1,000 address lookups in the loop's thread pool."""
+    lookups: list[str] = []
+    resolve = http.resolve
+
+    async def counting(host: str, port: int) -> list[wire.Address]:
+        lookups.append(host)
+        await asyncio.sleep(0.05)  # a name server's answer: every connect waits meanwhile
+        return await resolve(host, port)
+
+    monkeypatch.setattr(http, "resolve", counting)
+
+    async def go() -> int:
+        async with _serve(_quick) as url:
+            pool = http.ConnectionPool(url.replace("127.0.0.1", "localhost"))
+            try:
+                return await pool.open(20)
+            finally:
+                await pool.close()
+
+    assert asyncio.run(go()) == 20
+    assert lookups == ["localhost"]

@@ -293,12 +293,18 @@ class ConnectionPool:
         self._ssl = ssl.create_default_context() if self.https else None
         self._idle: list[_Connection] = []
         self._addresses: list[Address] | None = None
+        self._resolving: asyncio.Future[list[Address]] | None = None
 
     async def _connect(self) -> _Connection:
         started = time.perf_counter()
         try:
             if self._addresses is None and self._ssl is None:
-                self._addresses = await resolve(self.host, self.port)
+                if self._resolving is None or (
+                    self._resolving.done()
+                    and (self._resolving.cancelled() or self._resolving.exception() is not None)
+                ):  # one lookup for every connect waiting on it; a failed one is asked again
+                    self._resolving = asyncio.ensure_future(resolve(self.host, self.port))
+                self._addresses = await asyncio.shield(self._resolving)
             wire = await open_wire(self.host, self.port, self._ssl, self._addresses)
         except OSError as exc:
             raise HttpConnectionError(
