@@ -93,3 +93,30 @@ def test_an_interrupted_run_tells_the_benchmark_before_cleanup(monkeypatch, tmp_
     asyncio.run(go())
     assert seen == {"cancelled": True}
     assert '"error": "interrupted"' in (tmp_path / "run" / "result.json").read_text()
+
+
+def test_the_preflight_runs_beside_the_first_rollouts_and_is_recorded(tmp_path) -> None:
+    """A target answering in 1 s: the 2+2 question no longer comes before the first rollout
+    (it used to delay it by its whole answer), and run.json still gets its answer."""
+    import asyncio
+    import json
+    import time
+
+    from metrale.endpoint.client import Target
+    from metrale.runner import RunRequest, run
+    from tests.conftest import start_sim
+
+    with start_sim("--ttft", "1.0", "--output-tokens", "4") as sim:
+        started = time.time()
+        request = RunRequest(
+            benchmark="gsm8k", params={"rollouts": 2, "max_tokens": 4},
+            target=Target(base_url=sim.url, model="metrale-sim"), out=tmp_path / "run",
+            progress=None,
+        )  # fmt: skip
+        outcome = asyncio.run(run(request))
+    assert outcome.exit_code == 0
+    lines = (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()
+    first = min(json.loads(line)["stages"]["generation"]["started_at"] for line in lines)
+    assert first - started < 0.8  # with the preflight first: >= 1.0 s
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["preflight"] is not None and info["preflight"]["latency_s"] >= 1.0

@@ -210,19 +210,13 @@ async def _run_in(
     artifacts: RunArtifacts,
     resume: ResumeRecords | None,
 ) -> RunResult:
-    check = None
     target = request.target
+    preflight_task: asyncio.Task[Preflight] | None = None
     if request.preflight and target is not None and bench.needs_model():
-        display.phase("preflight")
-        check = await preflight(target, request.client_options)
-        if not check.ok:
-            display.log(
-                LogLine(
-                    level="warn",
-                    message="preflight: the model did not answer 2+2 with 4 "
-                    f"({check.error or repr(check.answer[:60])}); going on",
-                )
-            )
+        # Off the critical path: the 2+2 question runs beside the benchmark's load and its
+        # first rollouts (a target answering in 5 s no longer delays them by 10 s); run.json
+        # gets its answer when it comes.
+        preflight_task = asyncio.ensure_future(preflight(target, request.client_options))
     info = RunInfo(
         benchmark=request.benchmark,
         params=values,
@@ -233,10 +227,13 @@ async def _run_in(
         client=request.client_options.model_dump(),
         budgets=dict(request.budgets),
         started_at=datetime.now(UTC).isoformat(),
-        preflight=check,
     )
     if resume is None:
         artifacts.write_json("run.json", info)
+    if preflight_task is not None:
+        preflight_task.add_done_callback(
+            lambda task: _preflight_done(task, info, display, artifacts, resume is None)
+        )
     interrupted = asyncio.Event()  # set when Ctrl-C or SIGTERM reaches the run, before cleanup
     handle = PluginHandle(
         target=request.target,
@@ -289,6 +286,8 @@ async def _run_in(
         logger.debug("the run failed", exc_info=exc)  # -vv: where it came from
         final = BenchmarkResult(status=Status.FAILED, error=f"{type(exc).__name__}: {exc}")
     finally:
+        if preflight_task is not None and not preflight_task.done():
+            preflight_task.cancel()  # the run ended first: run.json says it did not answer
         try:
             # to its end, whatever cancels us meanwhile: it stops every runtime still running
             await finish(_quiet(bench.cleanup()))
@@ -320,6 +319,36 @@ async def _run_in(
     if interrupted.is_set():
         raise asyncio.CancelledError
     return outcome
+
+
+def _preflight_done(
+    task: asyncio.Task[Preflight],
+    info: RunInfo,
+    display: View,
+    artifacts: RunArtifacts,
+    write: bool,
+) -> None:
+    """The preflight's answer: a warning when it is wrong, and into run.json."""
+    if task.cancelled():
+        check = Preflight(ok=False, error="the run ended before the preflight answered")
+    elif (exc := task.exception()) is not None:
+        check = Preflight(ok=False, error=f"{type(exc).__name__}: {exc}")
+    else:
+        check = task.result()
+    info.preflight = check
+    if not check.ok and not task.cancelled():
+        display.log(
+            LogLine(
+                level="warn",
+                message="preflight: the model did not answer 2+2 with 4 "
+                f"({check.error or repr(check.answer[:60])}); going on",
+            )
+        )
+    if write:
+        try:
+            artifacts.write_json("run.json", info)
+        except RecordWriteError as exc:
+            logger.warning("run.json: the preflight's answer not written: %s", exc)
 
 
 async def _quiet(work: Awaitable[None]) -> None:

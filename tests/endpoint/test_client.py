@@ -149,7 +149,7 @@ def test_streamed_calls_reuse_one_keep_alive_connection(sim) -> None:
             second = await client.chat(MESSAGES)
             assert client._pool._idle == [conn]
         # leaving the client closes what it kept open
-        assert client._pool is None and conn.writer.is_closing() and not conn.reusable
+        assert client._pool is None and conn.wire.sock.fileno() == -1 and not conn.reusable
         return first, second
 
     first, second = asyncio.run(go())

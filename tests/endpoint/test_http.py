@@ -103,13 +103,17 @@ def test_chunked_body_arrives_in_pieces_without_framing() -> None:
 
 
 def test_a_body_read_in_two_goes_continues_where_it_stopped() -> None:
-    """The stream parser stops at [DONE] and drains the rest later: one body iterator."""
+    """The stream parser stops at [DONE] and drains the rest later: one body iterator. (A
+    piece is what one arrival carries: the first chunk is sent on its own.)"""
 
     async def handler(reader, writer):
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
         for piece in (b"first", b"second", b"third"):
             writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            if piece == b"first":
+                await writer.drain()
+                await asyncio.sleep(0.1)
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         await reader.read()

@@ -1,6 +1,6 @@
 """The one SSE parser and its definitions, on hand-made bytes delivered in hand-made reads.
 
-`_read_sse` is fed by a stand-in for `http.Response` (status and `iter_chunks`), so that each
+`_read_sse` is fed by a stand-in for `http.Response` (status and `consume`), so that each
 read's bytes and its arrival order are the test's; the real transport is tested in test_http.py
 and, end to end, in test_client_timing.py and tests/benchmarks/serve/test_client.py.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 
 import pytest
 
@@ -25,23 +25,27 @@ from metrale.endpoint.stream import (
 
 
 class _Resp:
-    """Reads `pieces` one per 10 ms, so that each read gets a later stamp than the last."""
+    """Delivers `pieces` one per 10 ms, each stamped on arrival, so that each gets a later
+    stamp than the last."""
 
     status = 200
 
     def __init__(self, pieces: list[bytes]) -> None:
-        self.pieces = pieces
+        self.pieces = iter(pieces)
+        self.sent_at = time.perf_counter()
 
-    async def iter_chunks(self, max_bytes: int | None = None) -> AsyncIterator[bytes]:
+    async def consume(
+        self, on_piece: Callable[[bytes, float], bool], max_bytes: int | None = None
+    ) -> None:
         for piece in self.pieces:
             await asyncio.sleep(0.01)
-            yield piece
+            if on_piece(piece, time.perf_counter()):
+                return
 
 
 def read(pieces: list[bytes], keep_text: bool = False) -> Completion:
     parser = StreamParser(keep_text=keep_text, keep_times=True)
-    send = time.perf_counter()
-    return asyncio.run(_read_sse(_Resp(pieces), send, parser, None))  # type: ignore[arg-type]
+    return asyncio.run(_read_sse(_Resp(pieces), parser, None))  # type: ignore[arg-type]
 
 
 def event(

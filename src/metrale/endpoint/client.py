@@ -93,6 +93,9 @@ class CallRecord(BaseModel):
     reasoning: str = ""
     tool_calls: list[ToolCall] = Field(default_factory=list)
     chunk_times_s: list[float] | None = None
+    connect_s: float | None = Field(
+        None, description="connect (+ TLS) time of the connection this call opened; None: reused"
+    )
     error: str | None = None
     error_kind: str | None = None
 
@@ -184,7 +187,8 @@ class ChatClient:
                 completion_tokens=done.completion_tokens, token_source=done.token_source,
                 finish_reason=done.finish_reason, content=done.content,
                 reasoning=done.reasoning, tool_calls=done.tool_calls,
-                chunk_times_s=done.chunk_times_s, error=None, error_kind=None,
+                chunk_times_s=done.chunk_times_s, connect_s=done.connect_s, error=None,
+                error_kind=None,
             )  # fmt: skip
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:

@@ -9,91 +9,148 @@ request. Every call metrale makes to a target goes through it: the chat client o
 and serve's load client (`endpoint.stream.exchange`), serve's `/tokenize` calls, the probe's
 `GET /models` and the local launcher's readiness poll. (aiohttp remains for the simulator's
 server.)
+
+Every connection is a `wire.Wire`: what it receives comes stamped with its arrival time (the
+kernel's receive time on plain TCP), and a body is read one arrival at a time
+(`Response.next_piece`), its framing removed without a further wait, so that a streamed
+response's events keep the time their bytes arrived.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ssl
-from collections.abc import AsyncIterator, Mapping
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-#: Bounds on what a server may send before the body: more is not an HTTP server we measure.
-MAX_HEADER_BYTES = 64 * 1024
-MAX_HEADERS = 256
+from metrale.endpoint.framing import (
+    MAX_HEADER_BYTES,
+    MAX_HEADERS,
+    MAX_LINE_BYTES,
+    Chunked,
+    Fixed,
+    Framing,
+    HttpConnectionError,
+    HttpProtocolError,
+    ToClose,
+    content_length,
+)
+from metrale.endpoint.wire import Address, Wire, open_wire, resolve
 
-
-class HttpConnectionError(Exception):
-    """The connection failed or closed before the response was complete (worth a retry).
-    `os_error` is the socket's error when connecting failed (refused, DNS, TLS), for callers
-    that name the cause to a user."""
-
-    def __init__(self, message: str, os_error: OSError | None = None) -> None:
-        super().__init__(message)
-        self.os_error = os_error
-
-
-class HttpProtocolError(Exception):
-    """The server broke HTTP/1.1 or a bound (`kind`: bad_status_line, bad_header,
-    headers_too_large, bad_chunk, response_too_large). Not retried: a broken server stays
-    broken, and a benchmark wants it to show."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
+__all__ = ["ConnectionPool", "HttpConnectionError", "HttpProtocolError", "Response"]
 
 
 @dataclass
 class Response:
+    """A response whose status and headers were read; the body is the caller's to read.
+
+    `sent_at` is the `perf_counter()` at which the request was written to an open connection;
+    `connect_s` the connect (and TLS handshake) time of a fresh connection, None on a reused
+    one: the two are apart so that a response's times can start at the write.
+    """
+
     status: int
     headers: dict[str, str]
     _conn: _Connection = field(repr=False)
     _pool: ConnectionPool = field(repr=False)
+    sent_at: float = 0.0
+    connect_s: float | None = None
     _done: bool = False
-    _body: AsyncIterator[bytes] | None = field(default=None, repr=False)
+    _framing: Framing | None = field(default=None, repr=False)
+    _cap: int | None = field(default=None, repr=False)
+    _seen: int = 0
 
     @property
     def content_type(self) -> str:
         return self.headers.get("content-type", "").split(";", 1)[0].strip().lower()
 
-    def iter_chunks(self, max_bytes: int | None = None) -> AsyncIterator[bytes]:
-        """The body in the pieces the socket delivers (chunked framing removed). Past
-        `max_bytes` of body it raises `HttpProtocolError("response_too_large")` and the
-        connection is not reused: an endless or huge body costs at most that much memory.
+    def _start(self, max_bytes: int | None) -> Framing:
+        length = self.headers.get("content-length")
+        if "chunked" in self.headers.get("transfer-encoding", "").lower():
+            framing: Framing = Chunked()
+        elif length is not None:
+            framing = Fixed(content_length(length))
+        else:
+            self._conn.reusable = False
+            framing = ToClose()
+        self._framing, self._cap = framing, max_bytes
+        return framing
 
-        The body is one iterator: a later call (to drain what a caller stopped reading) goes on
-        where the last one stopped, with the first call's cap.
-        """
-        if self._body is None:
-            self._body = self._chunks(max_bytes)
-        return self._body
-
-    async def _chunks(self, max_bytes: int | None) -> AsyncIterator[bytes]:
-        reader = self._conn.reader
-        seen = 0
-        try:
-            length = self.headers.get("content-length")
-            if "chunked" in self.headers.get("transfer-encoding", "").lower():
-                pieces = _dechunk(reader)
-            elif length is not None:
-                pieces = _fixed(reader, _content_length(length))
-            else:
+    async def next_piece(self, max_bytes: int | None = None) -> tuple[bytes, float] | None:
+        """The body's next arrival, framing removed, with its arrival stamp (`perf_counter`);
+        None at the end of the body. Past `max_bytes` of body (the first call's) it raises
+        `HttpProtocolError("response_too_large")` and the connection is not reused: an endless
+        or huge body costs at most that much memory."""
+        framing = self._framing or self._start(max_bytes)
+        arrivals = self._conn.wire.arrivals
+        while not self._done:
+            try:
+                got = await arrivals.next()
+            except ConnectionError as exc:
                 self._conn.reusable = False
-                pieces = _to_close(reader)
-            async for piece in pieces:
-                seen += len(piece)
-                if max_bytes is not None and seen > max_bytes:
-                    self._conn.reusable = False
-                    raise HttpProtocolError(
-                        "response_too_large",
-                        f"response body over the cap of {max_bytes} bytes (--max-response-kb)",
-                    )
-                yield piece
-            self._done = True
-        except (ConnectionError, asyncio.IncompleteReadError) as exc:
-            raise HttpConnectionError(f"{type(exc).__name__}: {exc}") from None
+                raise HttpConnectionError(f"{type(exc).__name__}: {exc}") from None
+            if got is None:
+                self._conn.reusable = False
+                self._done = True
+                framing.closed()
+                return None
+            if payload := self._take(*got):
+                return payload, got[1]
+        return None
+
+    def _take(self, raw: bytes, stamp: float) -> bytes:
+        """One arrival through the framing and the cap: its payload (`_done` set at the end)."""
+        assert self._framing is not None
+        try:
+            payload, rest, done = self._framing.feed(raw)
+        except HttpProtocolError:
+            self._conn.reusable = False
+            raise
+        if rest:
+            self._conn.wire.arrivals.unread(rest, stamp)
+        self._seen += len(payload)
+        if self._cap is not None and self._seen > self._cap:
+            self._conn.reusable = False
+            raise HttpProtocolError(
+                "response_too_large",
+                f"response body over the cap of {self._cap} bytes (--max-response-kb)",
+            )
+        self._done = done
+        return payload
+
+    async def consume(self, on_piece: PieceFn, max_bytes: int | None = None) -> None:
+        """Hand the body to `on_piece(payload, stamp)` piece by piece, until it returns True or
+        the body ends; what has not arrived yet is handed over in the connection's read
+        callback as it arrives (`wire.Arrivals.divert`), with no task switch per piece. Errors
+        are those of `next_piece`, and whatever `on_piece` raises."""
+        if self._framing is None:
+            self._start(max_bytes)
+        arrivals = self._conn.wire.arrivals
+        while not self._done and (got := arrivals.take()) is not None:
+            payload = self._take(*got)
+            if payload and on_piece(payload, got[1]):
+                return
+        if self._done:
+            return
+        if arrivals.closed:
+            if (got := await self.next_piece()) is not None:  # the end, or its error
+                on_piece(*got)
+            return
+        sink = _Sink(self, on_piece, asyncio.get_running_loop().create_future())
+        arrivals.divert(sink)
+        try:
+            await sink.finished
+        finally:
+            arrivals.divert(None)
+
+    async def iter_chunks(self, max_bytes: int | None = None) -> AsyncIterator[bytes]:
+        """The body in the pieces the socket delivers (framing removed). The body is one
+        stream: a later call (to drain what a caller stopped reading) goes on where the last one
+        stopped, with the first call's cap."""
+        while (piece := await self.next_piece(max_bytes)) is not None:
+            yield piece[0]
 
     async def read(self, max_bytes: int | None = None) -> bytes:
         return b"".join([piece async for piece in self.iter_chunks(max_bytes)])
@@ -108,61 +165,57 @@ class Response:
 
     def release(self) -> None:
         """Give the connection back when the body was read whole, else close it."""
-        reusable = self._done and self._conn.reusable
+        reusable = self._done and self._conn.reusable and self._framing is not None
         if reusable and self.headers.get("connection", "").lower() != "close":
             self._pool.put(self._conn)
         else:
             self._conn.close()
 
 
-def _content_length(text: str) -> int:
-    if not text.isdigit():
-        raise HttpProtocolError("bad_header", f"Content-Length is not a length: {text[:40]!r}")
-    return int(text)
+PieceFn = Callable[[bytes, float], bool]
 
 
-async def _fixed(
-    reader: asyncio.StreamReader, remaining: int, where: str = "mid-body"
-) -> AsyncIterator[bytes]:
-    while remaining > 0:
-        data = await reader.read(min(remaining, 1 << 16))
-        if not data:
-            raise HttpConnectionError(f"connection closed {where}")
-        remaining -= len(data)
-        yield data
+class _Sink:
+    """`Response.consume`'s side in the connection's read callback."""
 
+    __slots__ = ("finished", "on_piece", "response")
 
-async def _to_close(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
-    while data := await reader.read(1 << 16):
-        yield data
+    def __init__(self, response: Response, on_piece: PieceFn, finished: asyncio.Future[None]):
+        self.response = response
+        self.on_piece = on_piece
+        self.finished = finished
 
-
-async def _dechunk(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
-    """Chunked transfer coding, each chunk passed on as it arrives (never a whole chunk held:
-    a server may announce a chunk of any size)."""
-    while True:
+    def piece(self, data: bytes, stamp: float) -> None:
         try:
-            line = await reader.readuntil(b"\r\n")
-        except asyncio.LimitOverrunError:
-            raise HttpProtocolError("bad_chunk", "chunk-size line too long") from None
-        field = line.split(b";", 1)[0].strip()
-        try:
-            size = int(field, 16)
-        except ValueError:
-            raise HttpProtocolError("bad_chunk", f"bad chunk size {field[:40]!r}") from None
-        if size < 0:
-            raise HttpProtocolError("bad_chunk", f"bad chunk size {field[:40]!r}")
-        if size == 0:
-            trailer_bytes = 0
-            while (trailer := await reader.readuntil(b"\r\n")) != b"\r\n":
-                trailer_bytes += len(trailer)  # trailers: nothing we use, but bounded
-                if trailer_bytes > MAX_HEADER_BYTES:
-                    raise HttpProtocolError("headers_too_large", "trailers over 64 KiB")
+            payload = self.response._take(data, stamp)
+            if (payload and self.on_piece(payload, stamp)) or self.response._done:
+                self._finish(None)
+        except BaseException as exc:
+            self._finish(exc)
+
+    def _finish(self, error: BaseException | None) -> None:
+        """Detach at once (what arrives next is queued for whoever reads next) and wake the
+        reader."""
+        self.response._conn.wire.arrivals.divert(None)
+        if self.finished.done():
             return
-        async for data in _fixed(reader, size, "mid-chunk"):
-            yield data
-        if await reader.readexactly(2) != b"\r\n":
-            raise HttpProtocolError("bad_chunk", "chunk data not followed by CRLF")
+        if error is None:
+            self.finished.set_result(None)
+        else:
+            self.finished.set_exception(error)
+
+    def end(self, error: BaseException | None) -> None:
+        response = self.response
+        response._conn.reusable = False
+        response._done = True
+        try:
+            if error is not None:
+                raise HttpConnectionError(f"{type(error).__name__}: {error}")
+            assert response._framing is not None
+            response._framing.closed()
+            self._finish(None)
+        except BaseException as exc:
+            self._finish(exc)
 
 
 def _status(line: bytes) -> int:
@@ -176,15 +229,53 @@ def _status(line: bytes) -> int:
     return code
 
 
+async def _read_head(wire: Wire) -> tuple[int, dict[str, str]]:
+    """The status line and headers; what follows them is put back for the body."""
+    arrivals = wire.arrivals
+    buf = b""
+    status: int | None = None
+    while True:
+        got = await arrivals.next()
+        if got is None:
+            where = "before the status line" if status is None else "mid-headers"
+            raise HttpConnectionError(f"connection closed {where}")
+        buf += got[0]
+        if status is None and (eol := buf.find(b"\r\n")) >= 0:
+            status = _status(buf[: eol + 2])
+        end = buf.find(b"\r\n\r\n")
+        if end >= 0:
+            arrivals.unread(buf[end + 4 :], got[1])
+            break
+        if len(buf) > MAX_HEADER_BYTES + MAX_LINE_BYTES:
+            raise HttpProtocolError(
+                "headers_too_large", f"response headers over {MAX_HEADER_BYTES} bytes"
+            )
+    assert status is not None
+    lines = buf[:end].split(b"\r\n")[1:]
+    if sum(len(line) + 2 for line in lines) > MAX_HEADER_BYTES or len(lines) > MAX_HEADERS:
+        raise HttpProtocolError(
+            "headers_too_large",
+            f"response headers over {MAX_HEADER_BYTES} bytes or {MAX_HEADERS} lines",
+        )
+    headers: dict[str, str] = {}
+    for line in lines:
+        name, sep, value = line.decode("latin-1").partition(":")
+        if not sep or not name.strip():
+            raise HttpProtocolError("bad_header", f"not a header line: {line[:60]!r}")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers
+
+
 @dataclass
 class _Connection:
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
+    wire: Wire
     reusable: bool = True
+    #: connect (+ TLS) time, until the connection's first request takes it
+    connect_s: float | None = None
 
     def close(self) -> None:
         self.reusable = False
-        self.writer.close()
+        self.wire.close()
 
 
 class ConnectionPool:
@@ -201,21 +292,38 @@ class ConnectionPool:
         self._head = "".join(f"{k}: {v}\r\n" for k, v in base.items())
         self._ssl = ssl.create_default_context() if self.https else None
         self._idle: list[_Connection] = []
+        self._addresses: list[Address] | None = None
+        self._resolving: asyncio.Future[list[Address]] | None = None
 
     async def _connect(self) -> _Connection:
+        started = time.perf_counter()
         try:
-            reader, writer = await asyncio.open_connection(
-                self.host,
-                self.port,
-                ssl=self._ssl,
-                server_hostname=self.host if self._ssl else None,
-                limit=1 << 20,
-            )
+            if self._addresses is None and self._ssl is None:
+                if self._resolving is None or (
+                    self._resolving.done()
+                    and (self._resolving.cancelled() or self._resolving.exception() is not None)
+                ):  # one lookup for every connect waiting on it; a failed one is asked again
+                    self._resolving = asyncio.ensure_future(resolve(self.host, self.port))
+                self._addresses = await asyncio.shield(self._resolving)
+            wire = await open_wire(self.host, self.port, self._ssl, self._addresses)
         except OSError as exc:
             raise HttpConnectionError(
                 f"cannot connect to {self.host}:{self.port}: {exc}", exc
             ) from None
-        return _Connection(reader, writer)
+        return _Connection(wire, connect_s=time.perf_counter() - started)
+
+    async def open(self, count: int) -> int:
+        """Open up to `count` idle connections ahead of the requests that will use them (a
+        warm-up), so that no measured request pays a connect; the number opened."""
+        missing = max(count - len(self._idle), 0)
+        opened = await asyncio.gather(
+            *(self._connect() for _ in range(missing)), return_exceptions=True
+        )
+        for conn in opened:
+            if isinstance(conn, _Connection):
+                conn.connect_s = None  # paid before the measured phase, by no request
+                self._idle.append(conn)
+        return sum(isinstance(c, _Connection) for c in opened)
 
     def put(self, conn: _Connection) -> None:
         self._idle.append(conn)
@@ -258,56 +366,36 @@ class ConnectionPool:
             f"{method} {self.path_prefix if under_base else ''}{path} HTTP/1.1\r\n"
             f"{self._head}{extra}{length}\r\n"
         ).encode("latin-1")
-        body = body or b""
+        message = head + body if body else head
         while self._idle:
             conn = self._idle.pop()
+            if conn.wire.arrivals.at_eof:
+                conn.close()  # the server closed it while it was idle
+                continue
             try:
-                return await self._exchange(conn, head, body)
+                return await self._exchange(conn, message)
             except HttpConnectionError:
                 conn.close()  # stale keep-alive connection: try the next, then a fresh one
-        return await self._exchange(await self._connect(), head, body)
+        return await self._exchange(await self._connect(), message)
 
-    async def _exchange(self, conn: _Connection, head: bytes, body: bytes) -> Response:
-        status: int | None = None
+    async def _exchange(self, conn: _Connection, message: bytes) -> Response:
+        connect_s, conn.connect_s = conn.connect_s, None
         try:
-            conn.writer.write(head + body)
-            status_line = await conn.reader.readuntil(b"\r\n")
-            status = _status(status_line)
-            headers: dict[str, str] = {}
-            size = 0
-            while (line := await conn.reader.readuntil(b"\r\n")) != b"\r\n":
-                size += len(line)
-                if size > MAX_HEADER_BYTES or len(headers) >= MAX_HEADERS:
-                    raise HttpProtocolError(
-                        "headers_too_large",
-                        f"response headers over {MAX_HEADER_BYTES} bytes or {MAX_HEADERS} lines",
-                    )
-                name, sep, value = line.decode("latin-1").partition(":")
-                if not sep or not name.strip():
-                    raise HttpProtocolError("bad_header", f"not a header line: {line[:60]!r}")
-                headers[name.strip().lower()] = value.strip()
-        except asyncio.LimitOverrunError:
-            conn.close()
-            raise HttpProtocolError(
-                "headers_too_large", "a response header line is over the reader's limit"
-            ) from None
-        except asyncio.IncompleteReadError:
-            conn.close()
-            where = "before the status line" if status is None else "mid-headers"
-            raise HttpConnectionError(f"connection closed {where}") from None
+            sent_at = time.perf_counter()
+            await conn.wire.send(message)
+            status, headers = await _read_head(conn.wire)
         except ConnectionError as exc:
             conn.close()
             raise HttpConnectionError(f"{type(exc).__name__}: {exc}") from None
         except BaseException:
             conn.close()
             raise
-        assert status is not None
-        return Response(status=status, headers=headers, _conn=conn, _pool=self)
+        return Response(
+            status=status, headers=headers, _conn=conn, _pool=self, sent_at=sent_at,
+            connect_s=connect_s,
+        )  # fmt: skip
 
     async def close(self) -> None:
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
-        for conn in idle:
-            with contextlib.suppress(ConnectionError, ssl.SSLError):
-                await conn.writer.wait_closed()

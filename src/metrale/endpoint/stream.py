@@ -3,23 +3,33 @@ metrale where TTFT, E2E, chunk times and output tokens are defined. `ChatClient`
 with retries and text) and serve's load client (no retries, no text) both send through
 `exchange` and read through `StreamParser`, so a figure means the same in every benchmark.
 
-The timeline of one request, on `time.perf_counter()`, every time in seconds since *send*:
+The timeline of one request, on `time.perf_counter()`, every time in seconds since *sent*:
 
 - **send**: the moment the request is handed to the connection pool, after any client-side
-  queueing; connecting (a pool with no idle connection) counts, as it does for a user.
+  queueing (serve's scheduling lag ends here).
+- **connect** (`connect_s`): when the pool has no idle connection, the time to open one (TCP
+  connect, and the TLS handshake for https), recorded apart, as k6 separates connecting from
+  waiting; None when the request reused a kept-alive connection.
+- **sent**: the request written to an open connection (`Completion.sent_s` after send). Every
+  time below counts from here, so a connect is never part of TTFT or E2E.
 - **headers**: the status line and headers read. Not a figure of its own: a server may send
   its headers when it accepts a request or only with its first token.
 - **output chunk**: an SSE event that carries output: `delta.content`, `delta.reasoning_content`
   (or `reasoning`), a `delta.tool_calls` entry, or a `/completions` choice's `text`. Events with
-  only a role, a finish reason or usage, and SSE comments, are not chunks. Each network read is
-  stamped once, on arrival; every event in that read gets its stamp.
-- **TTFT** = first output chunk − send (reasoning and tool calls count: they are output).
-  **TTFC** = first content chunk (`content` or `text`) − send.
+  only a role, a finish reason or usage, and SSE comments, are not chunks. Each piece the
+  connection receives is stamped once, when its bytes arrive (the kernel's receive time on
+  plain TCP, `endpoint.wire`), before any parsing; every event completed by that piece gets its
+  stamp, so the parsing of one burst cannot move the times of the next.
+- **client lag** (`client_lag_s`): per request, the longest time from a piece's arrival to the
+  end of its processing. It measures the client, not the server: when it is large, the client
+  fell behind the stream (and a read then holding several chunks stamps them as one).
+- **TTFT** = first output chunk − sent (reasoning and tool calls count: they are output).
+  **TTFC** = first content chunk (`content` or `text`) − sent.
 - **E2E** = the read carrying the stream's last event (`[DONE]`, or the last `data:` event of a
-  server that sends none) − send. What follows `[DONE]` (the chunked terminator) is transport:
+  server that sends none) − sent. What follows `[DONE]` (the chunked terminator) is transport:
   it is drained, so that the connection can be reused, outside the figure.
 - Non-streaming response (`--no-stream`, or a server that ignores `stream`): TTFT = TTFC = E2E =
-  the body read whole − send; it is one chunk.
+  the arrival of the body's last bytes − sent; it is one chunk.
 - **ITL gaps** = t_i − t_{i−1} between consecutive output chunks (`chunk_gaps`).
 - **Output tokens** = `usage.completion_tokens` when the server sends it (`token_source =
   "usage"`), else the number of output chunks (`"counted"`: one token a chunk is what llama.cpp,
@@ -92,7 +102,7 @@ class CallFailed(Exception):
 
 @dataclass(slots=True)
 class Completion:
-    """What one response said and when (times in seconds since send, module docstring)."""
+    """What one response said and when (times in seconds since sent, module docstring)."""
 
     status: int
     ttft_s: float | None = None
@@ -113,6 +123,13 @@ class Completion:
     content: str = ""
     reasoning: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    #: the write to an open connection, in seconds after the caller's send (the wait for a
+    #: connection: connecting, or a stale keep-alive one replaced)
+    sent_s: float = 0.0
+    #: connect (+ TLS) time when the request opened its connection; None on a reused one
+    connect_s: float | None = None
+    #: client lag: the longest time from a piece's arrival to the end of its processing
+    client_lag_s: float | None = None
 
     def chunk_tokens(self) -> list[float]:
         """Tokens carried by each output chunk (`spread_tokens`)."""
@@ -334,7 +351,9 @@ async def exchange(
     cap: int | None,
 ) -> Completion:
     """POST `payload` and read the whole response within `timeout_s`; `send` is the caller's
-    `perf_counter()` just before the call (so a failure still has its send time)."""
+    `perf_counter()` just before the call (so a failure still has its send time). The
+    completion's times count from the write to an open connection (`Completion.sent_s` after
+    `send`), its connect time is `connect_s`."""
     resp: Response | None = None
     status: int | None = None
     try:
@@ -353,9 +372,11 @@ async def exchange(
                     retry_after=_retry_after(resp.headers.get("retry-after")),
                 )
             if resp.content_type != "text/event-stream":
-                data = orjson.loads(await resp.read(cap))
-                return parser.body(data, status, time.perf_counter() - send)
-            completion = await _read_sse(resp, send, parser, cap)
+                completion = await _read_body(resp, parser, cap)
+            else:
+                completion = await _read_sse(resp, parser, cap)
+            completion.sent_s = resp.sent_at - send
+            completion.connect_s = resp.connect_s
         if parser.done:
             await _drain(resp)
         return completion
@@ -377,29 +398,53 @@ async def exchange(
             resp.release()
 
 
-async def _read_sse(
-    resp: Response, send: float, parser: StreamParser, cap: int | None
-) -> Completion:
-    """Split the body into events as bytes arrive, one timestamp per network read.
+async def _read_body(resp: Response, parser: StreamParser, cap: int | None) -> Completion:
+    """A non-streaming answer: one chunk, stamped with the arrival of its last bytes."""
+    pieces, stamp = [], resp.sent_at
+    while (piece := await resp.next_piece(cap)) is not None:
+        pieces.append(piece[0])
+        stamp = piece[1]
+    done = parser.body(orjson.loads(b"".join(pieces)), resp.status, stamp - resp.sent_at)
+    done.client_lag_s = time.perf_counter() - stamp
+    return done
 
-    Whole reads (not line by line) keep the per-read cost to a split and a stamp.
+
+async def _read_sse(resp: Response, parser: StreamParser, cap: int | None) -> Completion:
+    """Split the body into events as bytes arrive; every event of an arrival gets the arrival's
+    stamp (taken before any of this ran, `endpoint.wire`).
+
+    Each arrival is processed in the connection's read callback (`Response.consume`), with no
+    task switch per chunk; whole arrivals (not line by line) keep its cost to a split. The
+    client lag is the longest time from an arrival to the end of its processing.
     """
     clock = time.perf_counter
-    buf = b""
-    async for data in resp.iter_chunks(cap):
-        now = clock() - send
-        buf += data
+    start = resp.sent_at
+    held = b""
+    lag = 0.0
+    last = start
+
+    def on_piece(data: bytes, stamp: float) -> bool:
+        nonlocal held, lag, last
+        last = stamp
+        buf = held + data if held else data
         if b"\r" in buf:
             buf = buf.replace(b"\r\n", b"\n")
-        *events, buf = buf.split(b"\n\n")
-        for event in events:
-            if parser.feed(event, now):
-                break
-        if parser.done:
-            break
-    if buf.strip() and not parser.done:
-        parser.feed(buf, clock() - send)
-    return parser.finish(resp.status)
+        if b"\n\n" in buf:
+            now = stamp - start
+            *events, buf = buf.split(b"\n\n")
+            for event in events:
+                if parser.feed(event, now):
+                    break
+        held = buf
+        lag = max(lag, clock() - stamp)
+        return parser.done
+
+    await resp.consume(on_piece, cap)
+    if held.strip() and not parser.done:
+        parser.feed(held, last - start)
+    done = parser.finish(resp.status)
+    done.client_lag_s = lag
+    return done
 
 
 async def _drain(resp: Response) -> None:

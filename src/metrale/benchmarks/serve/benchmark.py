@@ -47,6 +47,7 @@ from metrale.benchmarks.serve.prompts import (
 )
 from metrale.benchmarks.serve.table import levels_table, ms_text
 from metrale.benchmarks.serve.trace import TraceRequest, load_trace, trace_prompts
+from metrale.benchmarks.serve.workers import parse_workers, run_level_in_workers
 from metrale.errors import UsageError
 from metrale.fmt import number_text
 from metrale.plugin import (
@@ -61,6 +62,11 @@ from metrale.plugin import (
 from metrale.plugin.lifecycle import BenchmarkBase
 from metrale.prefix import IdealPrefixCache, block_hashes, message_words
 from metrale.stats import percentile
+
+#: Client lag (arrival to processed) above which a level's chunk times may be the client's:
+#: chunks are stamped on arrival, so only a client a whole chunk interval behind (tens of ms
+#: at a batching server's decode step) stamps late; 10 ms is well before that.
+CLIENT_LAG_WARN_MS = 10.0
 
 
 class ServeBenchmark(BenchmarkBase):
@@ -93,6 +99,7 @@ class ServeBenchmark(BenchmarkBase):
     def __init__(self) -> None:
         super().__init__()
         self.slos: dict[str, float] = {}
+        self.client_workers = 1
         self.percentiles: list[float] = []
         self._file_prompts: list[Prompt] | None = None
         self._trace: list[TraceRequest] | None = None
@@ -121,6 +128,7 @@ class ServeBenchmark(BenchmarkBase):
     def configured(self) -> None:
         v = self.values
         self.slos = parse_slos(v["slo"])
+        self.client_workers = parse_workers(v["client_workers"])
         self.percentiles = parse_percentiles(v["percentiles"])
         if v["load"] == "rate" and v["rate"] is None:
             raise UsageError("load=rate needs --rate REQ_PER_S")
@@ -283,7 +291,18 @@ class ServeBenchmark(BenchmarkBase):
             handle.artifacts.append_line(REQUESTS_FILE, record)
 
         started = time.perf_counter()
-        records = await run_level(spec, send, on_record, state, self._t0)
+        if self.client_workers > 1 and spec.concurrency is not None and spec.concurrency > 1:
+            assert handle.target is not None
+            records = await run_level_in_workers(
+                spec, self.client_workers, handle.target, handle.client_options,
+                self.values["api"], bodies, self._t0, state, on_record,
+            )  # fmt: skip
+        else:
+            if not spec.warmup.empty:
+                # A warm-up opens the level's connections before it starts, so that no
+                # measured request pays a connect (reported apart anyway: `connect_ms_*`).
+                await client.pool.open(spec.concurrency or spec.max_concurrency or 0)
+            records = await run_level(spec, send, on_record, state, self._t0)
         self._records[spec.index] = [r for r in records if r.phase == "measure"]
         metrics = summarize(records, percentiles=self.percentiles, slos=self.slos)
         if handle.telemetry is not None:
@@ -418,6 +437,12 @@ class ServeBenchmark(BenchmarkBase):
             if lag is not None and lag > 5.0:
                 text = f"{lv.label}: client scheduling lag p99 {number_text(lag)} ms > 5 ms"
                 self._log("warn", text + "; the client, not the server, may be limiting this level")
+            client = lv.metrics.get("client_lag_ms_p99")
+            if client is not None and client > CLIENT_LAG_WARN_MS:
+                self._log("warn", f"{lv.label}: client lag p99 {number_text(client)} ms > "
+                          f"{CLIENT_LAG_WARN_MS:g} ms: the client fell behind the streams, so "
+                          "chunk times may be the client's, not the server's (--client-workers "
+                          "spreads the load over processes)")  # fmt: skip
         if not self.slos and len(levels) > 1:
             self._log("info", "no --slo given: goodput equals throughput, the knee is saturation")
 

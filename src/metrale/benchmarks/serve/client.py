@@ -104,6 +104,9 @@ class StreamClient:
             record.error = f"client: {type(exc).__name__}: {exc}"
         else:
             record.status = done.status
+            record.sent_s = record.send_s + done.sent_s
+            record.connect_s = done.connect_s
+            record.client_lag_s = done.client_lag_s
             record.ttft_s = done.ttft_s
             record.ttfc_s = done.ttfc_s
             record.e2e_s = done.e2e_s

@@ -20,6 +20,13 @@ connection):
   with `max_concurrency`); 0 otherwise.
 - **scheduling lag** = send − ready: how late the client's event loop actually sent a request
   that could go. It measures the client, not the server; metrale keeps it well under 1 ms.
+- **connect** = the connect (and TLS) time of a request that opened its connection, apart from
+  its TTFT, which counts from the write to the open connection (`endpoint.stream`); a warm-up
+  (`--warmup`) opens the level's connections before the measured phase.
+- **client lag** = per request, the longest time from a piece's arrival to the end of its
+  processing (`endpoint.stream`): the client's own health, beside the scheduling lag. Chunks
+  are stamped on arrival, so a busy client does not move them, until it falls a whole chunk
+  interval behind.
 - **TPOT** = (E2E − TTFT) / (output tokens − 1), for requests with at least 2 output tokens.
 - **ITL** = the gaps between consecutive chunks (`endpoint.stream.chunk_gaps`), each divided by
   the tokens its later chunk carries and counted once per token, pooled over requests: a
@@ -52,12 +59,21 @@ class RequestRecord(BaseModel):
     started_at: float = Field(0.0, description="wall clock at send, epoch s")
     intended_s: float = Field(description="when the load generator meant to send it")
     ready_s: float = Field(description="when a concurrency slot let it go (>= intended)")
-    send_s: float | None = Field(None, description="when it was handed to the connection")
+    send_s: float | None = Field(None, description="when it was handed to the connection pool")
+    sent_s: float | None = Field(
+        None, description="when it was written to an open connection (chunk times count from it)"
+    )
+    connect_s: float | None = Field(
+        None, description="connect (+ TLS) time of the connection it opened; None when reused"
+    )
+    client_lag_s: float | None = Field(
+        None, description="longest time from a piece's arrival to the end of its processing"
+    )
     end_s: float | None = Field(None, description="end of stream or of the failure")
     ttft_s: float | None = None
     ttfc_s: float | None = None
     e2e_s: float | None = None
-    chunk_times_s: list[float] = Field(default_factory=list, description="since send")
+    chunk_times_s: list[float] = Field(default_factory=list, description="since sent")
     chunk_tokens: list[float] = Field(default_factory=list, description="tokens per chunk")
     reasoning_chunks: int = 0
     prompt_tokens: int | None = None
@@ -150,8 +166,9 @@ def peak_output_tps(records: Iterable[RequestRecord], window: Window, bucket_s: 
     for r in records:
         if r.send_s is None:
             continue
+        sent = r.sent_s if r.sent_s is not None else r.send_s
         for t, k in zip(r.chunk_times_s, r.chunk_tokens, strict=False):
-            b = math.floor((r.send_s + t - window.start_s) / bucket_s)
+            b = math.floor((sent + t - window.start_s) / bucket_s)
             buckets[b] = buckets.get(b, 0.0) + k
     if not buckets:
         return 0
@@ -200,7 +217,8 @@ def summarize(
     - `peak_output_tps` = `peak_output_tps(...)` in 1 s buckets.
     - `goodput` = successful requests meeting every SLO / window (req/s); without SLOs, equal to
       `request_throughput`. `goodput_fraction` = those requests / all measured requests.
-    - `<metric>_ms_p<q>`, `_mean`, `_max` for ttft, ttfc, tpot, itl, e2e, queue_wait, sched_lag.
+    - `<metric>_ms_p<q>`, `_mean`, `_max` for ttft, ttfc, tpot, itl, e2e, queue_wait, sched_lag,
+      client_lag and connect (over the requests that opened a connection).
     - `tokens_counted` = 1 when any output-token count was counted rather than server usage.
     """
     measured = [r for r in records if r.phase == "measure"]
@@ -235,6 +253,8 @@ def summarize(
         "e2e": [r.e2e_s for r in ok if r.e2e_s is not None],
         "queue_wait": [queue_wait(r) for r in measured],
         "sched_lag": [x for r in measured if (x := schedule_lag(r)) is not None],
+        "client_lag": [r.client_lag_s for r in measured if r.client_lag_s is not None],
+        "connect": [r.connect_s for r in measured if r.connect_s is not None],
     }
     for name, values in series.items():
         m.update(spread_ms(name, values, percentiles))

@@ -135,4 +135,7 @@ def serve_parameters() -> list[ParamSpec]:
                   help="percentiles reported (plus mean and max)"),
         ParamSpec(name="seed", type="int", default=0, min=0,
                   help="prompts and arrival times"),
+        ParamSpec(name="client_workers", type="str", default="1",
+                  help="client processes for a concurrency level: N or auto (one per core); "
+                  "each its own loop and connections, records merged"),
     ]  # fmt: skip

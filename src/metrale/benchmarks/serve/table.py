@@ -20,6 +20,7 @@ def levels_table(levels: list[LevelSummary], knee_index: int | None, qs: list[fl
     cols = [
         "level", "req/s", "out tok/s", "peak tok/s", f"TTFT {lo}", f"TTFT {hi}",
         f"TPOT {lo}", f"TPOT {hi}", f"ITL {lo}", f"E2E {lo}", "goodput", "err", "lag p99",
+        "client lag p99",
     ]  # fmt: skip
     rows = []
     for lv in levels:
@@ -34,5 +35,6 @@ def levels_table(levels: list[LevelSummary], knee_index: int | None, qs: list[fl
             m.get("peak_output_tps"), ms(f"ttft_ms_{lo}"), ms(f"ttft_ms_{hi}"),
             ms(f"tpot_ms_{lo}"), ms(f"tpot_ms_{hi}"), ms(f"itl_ms_{lo}"), ms(f"e2e_ms_{lo}"),
             number_text(m.get("goodput")), m.get("errors"), ms("sched_lag_ms_p99"),
+            ms("client_lag_ms_p99"),
         ])  # fmt: skip
     return Table(columns=[*cols[:4], *(c + " ms" if " p" in c else c for c in cols[4:])], rows=rows)
