@@ -105,6 +105,8 @@ class Completion:
     chunks: int = 0
     reasoning_chunks: int = 0
     prompt_tokens: int | None = None
+    #: `usage.prompt_tokens_details.cached_tokens`: prompt tokens the server's cache served
+    cached_tokens: int | None = None
     completion_tokens: int | None = None
     token_source: Literal["usage", "counted"] | None = None
     finish_reason: str | None = None
@@ -115,6 +117,13 @@ class Completion:
     def chunk_tokens(self) -> list[float]:
         """Tokens carried by each output chunk (`spread_tokens`)."""
         return spread_tokens(self.chunks, self.completion_tokens, self.chunk_usage)
+
+
+def cached_tokens(usage: dict[str, Any]) -> int | None:
+    """`usage.prompt_tokens_details.cached_tokens` (OpenAI, vLLM, SGLang), None when absent."""
+    details = usage.get("prompt_tokens_details")
+    value = details.get("cached_tokens") if type(details) is dict else None
+    return value if type(value) is int else None
 
 
 def spread_tokens(chunks: int, output_tokens: int | None, cumulative: Sequence[int]) -> list[float]:
@@ -151,7 +160,8 @@ class StreamParser:
     """
 
     __slots__ = (
-        "content", "done", "finish_reason", "keep_text", "keep_times", "last_event",
+        "cached_tokens", "content", "done", "finish_reason", "keep_text", "keep_times",
+        "last_event",
         "prompt_tokens", "reasoning", "reasoning_chunks", "times", "tool_calls", "ttfc",
         "usage_tokens", "usages",
     )  # fmt: skip
@@ -169,6 +179,7 @@ class StreamParser:
         self.done = False
         self.finish_reason: str | None = None
         self.prompt_tokens: int | None = None
+        self.cached_tokens: int | None = None
         self.usage_tokens: int | None = None
         self.ttfc: float | None = None
         self.last_event: float | None = None
@@ -203,6 +214,7 @@ class StreamParser:
             if usage:
                 self.prompt_tokens = usage.get("prompt_tokens")
                 self.usage_tokens = usage.get("completion_tokens")
+                self.cached_tokens = cached_tokens(usage)
             for choice in chunk.get("choices") or ():
                 delta = choice.get("delta") or _NO_DELTA
                 content = delta.get("content") or choice.get("text")
@@ -260,6 +272,7 @@ class StreamParser:
             chunks=len(times),
             reasoning_chunks=self.reasoning_chunks,
             prompt_tokens=self.prompt_tokens,
+            cached_tokens=self.cached_tokens,
             completion_tokens=len(times) if counted else self.usage_tokens,
             token_source="counted" if counted else "usage",
             finish_reason=self.finish_reason,
@@ -277,6 +290,7 @@ class StreamParser:
         usage = data.get("usage") or {}
         if usage.get("completion_tokens") is not None:
             done.prompt_tokens = usage.get("prompt_tokens")
+            done.cached_tokens = cached_tokens(usage)
             done.completion_tokens = usage["completion_tokens"]
             done.token_source = "usage"
         if data["choices"]:

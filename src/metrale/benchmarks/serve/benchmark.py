@@ -12,8 +12,10 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from metrale.agent import BASH_TOOL
 from metrale.benchmarks.serve.client import PreparedRequest, StreamClient
 from metrale.benchmarks.serve.declared import METRICS, samples
+from metrale.benchmarks.serve.lanes import run_lanes
 from metrale.benchmarks.serve.load import (
     Bound,
     LevelSpec,
@@ -43,6 +45,16 @@ from metrale.benchmarks.serve.prompts import (
     gsm8k_questions,
     load_jsonl,
     synthetic,
+)
+from metrale.benchmarks.serve.session_metrics import session_samples, summarize_sessions
+from metrale.benchmarks.serve.sessions import (
+    RecordedSessions,
+    Session,
+    SessionSource,
+    SyntheticSessions,
+    ToolTime,
+    Turn,
+    load_sessions,
 )
 from metrale.benchmarks.serve.table import levels_table, ms_text
 from metrale.errors import UsageError
@@ -92,6 +104,7 @@ class ServeBenchmark(BenchmarkBase):
         self.slos: dict[str, float] = {}
         self.percentiles: list[float] = []
         self._file_prompts: list[Prompt] | None = None
+        self._sessions: SessionSource | None = None
         self._client: StreamClient | None = None
         self._bodies: list[PreparedRequest] = []
         self._state: LevelState | None = None
@@ -117,10 +130,26 @@ class ServeBenchmark(BenchmarkBase):
         self.percentiles = parse_percentiles(v["percentiles"])
         if v["load"] == "rate" and v["rate"] is None:
             raise UsageError("load=rate needs --rate REQ_PER_S")
-        if v["requests"] is None and v["duration_s"] is None:
+        if v["load"] == "sessions":
+            self._sessions = self._session_source()
+        elif v["requests"] is None and v["duration_s"] is None:
             raise UsageError("give --requests N or --duration-s S (a level must stop)")
-        if v["prompts"] not in ("synthetic", "gsm8k"):
+        elif v["prompts"] not in ("synthetic", "gsm8k"):
             self._file_prompts = load_jsonl(Path(v["prompts"]))
+
+    def _session_source(self) -> SessionSource:
+        v = self.values
+        if v["sessions"] is None and v["duration_s"] is None:
+            raise UsageError("give --sessions N or --duration-s S (a level must stop)")
+        if v["api"] != "chat":
+            raise UsageError("load=sessions sends chat messages: it needs --api chat")
+        if v["session_source"] == "synthetic":
+            return SyntheticSessions(
+                turns=v["turns"], turn_tokens=v["turn_tokens"], system_tokens=v["system_tokens"],
+                tool_time=ToolTime.parse(v["tool_time"]), seed=v["seed"],
+            )  # fmt: skip
+        recorded = load_sessions(Path(v["session_source"]))
+        return RecordedSessions(recorded, marker=v["session_marker"])
 
     # ------------------------------------------------------------------------ load
 
@@ -131,7 +160,9 @@ class ServeBenchmark(BenchmarkBase):
             handle.target, handle.client_options, v["api"]
         ).__aenter__()
         exact: bool | None = None
-        if self._file_prompts is not None:
+        if self._sessions is not None:
+            prompts = []
+        elif self._file_prompts is not None:
             prompts = self._file_prompts
         elif v["prompts"] == "gsm8k":
             prompts = gsm8k_questions()
@@ -162,7 +193,7 @@ class ServeBenchmark(BenchmarkBase):
         if v["api"] == "chat":
             body["messages"] = prompt.messages
         else:  # the messages' text, joined: /completions applies no chat template
-            body["prompt"] = "\n".join(str(m.get("content", "")) for m in prompt.messages)
+            body["prompt"] = "\n".join(str(m.get("content") or "") for m in prompt.messages)
         if self._ignore_eos if ignore_eos is None else ignore_eos:
             body["ignore_eos"] = True
         assert self._client is not None
@@ -182,8 +213,26 @@ class ServeBenchmark(BenchmarkBase):
 
     # ------------------------------------------------------------------------ run
 
+    def _turn_body(self, session: Session, turn: Turn) -> PreparedRequest:
+        """One turn's request: the session's messages up to the turn, with its tools; encoded
+        from the session alone, so a replay sends the same bytes."""
+        v = self.values
+        body: dict[str, Any] = {
+            "model": self.handle.target.model if self.handle and self.handle.target else "",
+            "max_tokens": turn.max_tokens or v["max_tokens"],
+            "temperature": v["temperature"],
+            "messages": session.messages[: turn.upto],
+            "tools": session.tools or [BASH_TOOL],
+        }
+        if self._ignore_eos:
+            body["ignore_eos"] = True
+        assert self._client is not None
+        return self._client.prepare(body)
+
     def _plan_fixed(self) -> LevelSpec:
         v = self.values
+        if v["load"] == "sessions":
+            return self._spec(0, f"lanes {v['lanes']}", lanes=v["lanes"])
         if v["load"] == "concurrency":
             return self._spec(0, f"concurrency {v['concurrency']}", concurrency=v["concurrency"])
         return self._spec(0, f"rate {v['rate']:g}/s", rate=v["rate"])
@@ -197,7 +246,7 @@ class ServeBenchmark(BenchmarkBase):
             burstiness=v["burstiness"],
             max_concurrency=v["max_concurrency"] if "rate" in load else None,
             warmup=Bound(v["warmup"] or None, v["warmup_s"] or None),
-            measure=Bound(v["requests"], v["duration_s"]),
+            measure=Bound(v["sessions"] if "lanes" in load else v["requests"], v["duration_s"]),
             cooldown=Bound(v["cooldown"] or None, v["cooldown_s"] or None),
             max_error_rate=v["max_error_rate"],
             seed=v["seed"] + index,
@@ -239,16 +288,27 @@ class ServeBenchmark(BenchmarkBase):
         def on_record(record: RequestRecord) -> None:
             handle.artifacts.append_line(REQUESTS_FILE, record)
 
-        records = await run_level(spec, send, on_record, state, self._t0)
+        async def send_turn(session: Session, turn: Turn, record: RequestRecord) -> None:
+            await client.send(self._turn_body(session, turn), record, self._t0)
+
+        if spec.lanes is not None:
+            assert self._sessions is not None
+            records = await run_lanes(spec, self._sessions, send_turn, on_record, state, self._t0)
+        else:
+            records = await run_level(spec, send, on_record, state, self._t0)
         self._records[spec.index] = [r for r in records if r.phase == "measure"]
+        metrics = summarize(records, percentiles=self.percentiles, slos=self.slos)
+        if spec.lanes is not None:
+            metrics.update(summarize_sessions(records, self.slos))
         summary = LevelSummary(
             index=spec.index,
             label=spec.label,
             concurrency=spec.concurrency,
             rate=spec.rate,
+            lanes=spec.lanes,
             arrivals=spec.arrivals if spec.rate is not None else None,
             stopped=state.stopped,
-            metrics=summarize(records, percentiles=self.percentiles, slos=self.slos),
+            metrics=metrics,
         )
         self._levels.levels.append(summary)
         goodputs = [lv.metrics.get("goodput") for lv in self._levels.levels]
@@ -345,7 +405,8 @@ class ServeBenchmark(BenchmarkBase):
             errors=sum(1 for r in records if not r.ok),
             e2e_s=elapsed,
             metrics=metrics,
-            samples=dict(samples(records, self.slos)),  # typed as the field is (dict is invariant)
+            # typed as the field is (dict is invariant)
+            samples={**samples(records, self.slos), **session_samples(records, self.slos)},
         )
 
     def _final_logs(self, levels: list[LevelSummary]) -> None:

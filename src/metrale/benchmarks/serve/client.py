@@ -111,6 +111,7 @@ class StreamClient:
             record.chunk_tokens = done.chunk_tokens()
             record.reasoning_chunks = done.reasoning_chunks
             record.prompt_tokens = done.prompt_tokens
+            record.cached_tokens = done.cached_tokens
             record.output_tokens = done.completion_tokens
             record.token_source = done.token_source
             record.finish_reason = done.finish_reason

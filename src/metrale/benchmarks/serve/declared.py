@@ -24,6 +24,7 @@ from metrale.benchmarks.serve.metrics import (
     meets_slos,
     tpot,
 )
+from metrale.benchmarks.serve.session_metrics import SESSION_METRICS
 from metrale.plugin import Metric
 from metrale.plugin.metrics import Stat
 
@@ -61,6 +62,7 @@ METRICS: tuple[Metric, ...] = (
            doc="successful requests meeting every SLO / measured window"),
     Metric("error_rate", "fraction", "lower", stat="mean",
            doc="failed measured requests / measured requests"),
+    *SESSION_METRICS,
 )  # fmt: skip
 
 

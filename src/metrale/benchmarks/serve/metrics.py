@@ -66,6 +66,12 @@ class RequestRecord(BaseModel):
     finish_reason: str | None = None
     status: int | None = None
     error: str | None = None
+    session: str | None = Field(None, description="session id (load=sessions)")
+    turn: int | None = Field(None, description="turn index within its session, from 0")
+    cached_tokens: int | None = Field(
+        None, description="usage.prompt_tokens_details.cached_tokens, where reported"
+    )
+    tool_s: float | None = Field(None, description="tool time before this turn (s)")
 
     @property
     def ok(self) -> bool:

@@ -21,6 +21,7 @@ class LevelSummary(BaseModel):
     concurrency: int | None = None
     rate: float | None = None
     arrivals: str | None = None
+    lanes: int | None = None
     stopped: str | None = None
     metrics: dict[str, float | int | None] = Field(default_factory=dict)
 
@@ -66,7 +67,8 @@ def parse_percentiles(text: str) -> list[float]:
 #: The parameters a sweep may vary: the load, and the shape of each request.
 SWEEP_AXES = (
     "concurrency", "rate", "arrivals", "burstiness", "max_concurrency", "input_tokens",
-    "max_tokens", "num_prompts", "requests", "duration_s", "api",
+    "max_tokens", "num_prompts", "requests", "duration_s", "api", "lanes", "sessions", "turns",
+    "turn_tokens", "system_tokens", "tool_time",
 )  # fmt: skip
 
 
@@ -74,8 +76,8 @@ def serve_parameters() -> list[ParamSpec]:
     """serve's parameters (the run-wide client flags are the runner's)."""
     return [
         ParamSpec(name="load", type="str", default="concurrency",
-                  choices=["concurrency", "rate", "sweep"],
-                  help="fixed concurrency, a request rate, or a sweep to the knee"),
+                  choices=["concurrency", "rate", "sweep", "sessions"],
+                  help="fixed concurrency, a request rate, a sweep to the knee, or sessions"),
         ParamSpec(name="concurrency", type="int", default=8, min=1, max=100_000,
                   help="requests in flight (load=concurrency)"),
         ParamSpec(name="rate", type="float", default=None, min=0.001, nullable=True,
@@ -125,4 +127,29 @@ def serve_parameters() -> list[ParamSpec]:
                   help="percentiles reported (plus mean and max)"),
         ParamSpec(name="seed", type="int", default=0, min=0,
                   help="prompts and arrival times"),
+        *session_parameters(),
+    ]  # fmt: skip
+
+
+def session_parameters() -> list[ParamSpec]:
+    """The session workload's parameters (load=sessions; see `sessions` and `lanes`)."""
+    return [
+        ParamSpec(name="lanes", type="int", default=8, min=1, max=100_000,
+                  help="sessions in flight, each lane one session after another (load=sessions)"),
+        ParamSpec(name="sessions", type="int", default=16, min=1, nullable=True,
+                  help="measured sessions per level (load=sessions; warmup/cooldown count "
+                  "sessions too)"),
+        ParamSpec(name="session_source", type="str", default="synthetic",
+                  help="synthetic, a JSONL session file, or a run directory's transcripts"),
+        ParamSpec(name="turns", type="int", default=10, min=1, max=10_000,
+                  help="turns per synthetic session"),
+        ParamSpec(name="turn_tokens", type="int", default=200, min=1, max=1_000_000,
+                  help="tokens (words) each synthetic turn adds: the user task, each tool result"),
+        ParamSpec(name="system_tokens", type="int", default=1000, min=0, max=1_000_000,
+                  help="tokens (words) of the system prompt every synthetic session shares"),
+        ParamSpec(name="tool_time", type="str", default="exp:1",
+                  help="tool time between synthetic turns: const:S, exp:MEAN, uniform:LO:HI"),
+        ParamSpec(name="session_marker", type="bool", default=True,
+                  help="open each recorded session's first user message with its number "
+                  "(no cached prefix shared between lanes)"),
     ]  # fmt: skip
