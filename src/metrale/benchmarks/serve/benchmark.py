@@ -36,7 +36,6 @@ from metrale.benchmarks.serve.params import (
     LevelSummary,
     ServeLevels,
     parse_percentiles,
-    parse_slos,
     serve_parameters,
 )
 from metrale.benchmarks.serve.prompts import (
@@ -46,15 +45,21 @@ from metrale.benchmarks.serve.prompts import (
     load_jsonl,
     synthetic,
 )
+from metrale.benchmarks.serve.search import (
+    LOAD_OF_AXIS,
+    Measured,
+    SearchSpec,
+    capacity_search,
+    parse_search,
+)
 from metrale.benchmarks.serve.session_metrics import session_samples, summarize_sessions
-from metrale.benchmarks.serve.sessions import (
-    RecordedSessions,
-    Session,
-    SessionSource,
-    SyntheticSessions,
-    ToolTime,
-    Turn,
-    load_sessions,
+from metrale.benchmarks.serve.sessions import Session, SessionSource, Turn, session_source
+from metrale.benchmarks.serve.slo import (
+    OverSaturation,
+    Tier,
+    bootstrap_criteria,
+    evaluate,
+    parse_slo,
 )
 from metrale.benchmarks.serve.table import levels_table, ms_text
 from metrale.errors import UsageError
@@ -105,6 +110,8 @@ class ServeBenchmark(BenchmarkBase):
         self.percentiles: list[float] = []
         self._file_prompts: list[Prompt] | None = None
         self._sessions: SessionSource | None = None
+        self.tiers: list[Tier] = []
+        self._search: SearchSpec | None = None
         self._client: StreamClient | None = None
         self._bodies: list[PreparedRequest] = []
         self._state: LevelState | None = None
@@ -126,7 +133,9 @@ class ServeBenchmark(BenchmarkBase):
 
     def configured(self) -> None:
         v = self.values
-        self.slos = parse_slos(v["slo"])
+        self.slos, self.tiers = parse_slo(v["slo"], METRICS)
+        if v["search"] != "none":
+            self._search = self._search_spec()
         self.percentiles = parse_percentiles(v["percentiles"])
         if v["load"] == "rate" and v["rate"] is None:
             raise UsageError("load=rate needs --rate REQ_PER_S")
@@ -143,13 +152,17 @@ class ServeBenchmark(BenchmarkBase):
             raise UsageError("give --sessions N or --duration-s S (a level must stop)")
         if v["api"] != "chat":
             raise UsageError("load=sessions sends chat messages: it needs --api chat")
-        if v["session_source"] == "synthetic":
-            return SyntheticSessions(
-                turns=v["turns"], turn_tokens=v["turn_tokens"], system_tokens=v["system_tokens"],
-                tool_time=ToolTime.parse(v["tool_time"]), seed=v["seed"],
-            )  # fmt: skip
-        recorded = load_sessions(Path(v["session_source"]))
-        return RecordedSessions(recorded, marker=v["session_marker"])
+        return session_source(v)
+
+    def _search_spec(self) -> SearchSpec:
+        v = self.values
+        axis, load = v["search"], LOAD_OF_AXIS[v["search"]]
+        if v["load"] != load:
+            raise UsageError(f"--search {axis} varies load={load}: give --load {load}")
+        if not self.tiers:
+            raise UsageError("--search needs at least one SLO tier in --slo "
+                             "(e.g. --slo 'ttft_p95<=2s,session_goodput>=0.95')")  # fmt: skip
+        return parse_search(axis, v["search_range"], v["search_step"])
 
     # ------------------------------------------------------------------------ load
 
@@ -180,8 +193,9 @@ class ServeBenchmark(BenchmarkBase):
         self._ignore_eos = v["ignore_eos"] and await self._accepts_ignore_eos()
         self._bodies = [self._body(p) for p in prompts]
         self._levels = ServeLevels(
-            load=v["load"], slos=self.slos, percentiles=self.percentiles, input_tokens_exact=exact
-        )
+            load=v["load"], slos=self.slos, percentiles=self.percentiles, input_tokens_exact=exact,
+            tiers={t.name: t.text for t in self.tiers},
+        )  # fmt: skip
 
     def _body(self, prompt: Prompt, ignore_eos: bool | None = None) -> PreparedRequest:
         v = self.values
@@ -253,8 +267,40 @@ class ServeBenchmark(BenchmarkBase):
             **load,
         )
 
+    async def _run_search(self, spec: SearchSpec) -> None:
+        v = self.values
+        planned = v["requests"] if spec.axis != "lanes" else None
+        if spec.axis == "lanes" and v["session_source"] == "synthetic" and v["sessions"]:
+            planned = v["sessions"] * v["turns"]
+
+        async def measure(load: float) -> Measured:
+            index = len(self._levels.levels)
+            value: float | int = load if spec.axis == "rate" else int(load)
+            level = self._spec(index, f"{spec.axis} {value:g}", **{spec.axis: value})
+            stop = OverSaturation(self.tiers, self.slos, planned, v["sessions"])
+            summary = await self._run_level(level, stop)
+            return Measured(index, summary.tiers, summary.metrics)
+
+        def bootstrap(tier: Tier, index: int) -> dict[str, list[float]]:
+            return bootstrap_criteria(tier, self._records[index], self.slos, seed=v["seed"])
+
+        result = await capacity_search(spec, self.tiers, measure, bootstrap)
+        self._levels.search = result
+        assert self.handle is not None
+        self.handle.artifacts.write_json(LEVELS_FILE, self._levels)
+        for b in result.tiers:
+            where = "below LOW" if b.boundary is None else f"{b.boundary:g}"
+            above = "none (HIGH passed)" if b.above is None else f"{b.above:g} fails"
+            self._log("info", f"capacity ({b.tier}: {b.criteria}): {spec.axis} {where}; "
+                      f"{number_text(b.request_throughput)} req/s, goodput "
+                      f"{number_text(b.goodput)}, session goodput "
+                      f"{number_text(b.session_goodput)}; next level {above}")  # fmt: skip
+
     async def _run_all(self) -> None:
         v = self.values
+        if self._search is not None:
+            await self._run_search(self._search)
+            return
         if v["load"] != "sweep":
             await self._run_level(self._plan_fixed())
             return
@@ -273,7 +319,9 @@ class ServeBenchmark(BenchmarkBase):
                 self._log("warn", f"sweep stopped at {level.label}: {level.stopped}")
                 return
 
-    async def _run_level(self, spec: LevelSpec) -> LevelSummary:
+    async def _run_level(
+        self, spec: LevelSpec, early_stop: OverSaturation | None = None
+    ) -> LevelSummary:
         assert self.handle is not None and self._client is not None
         handle, client = self.handle, self._client
         handle.on_status(spec.label)
@@ -293,9 +341,11 @@ class ServeBenchmark(BenchmarkBase):
 
         if spec.lanes is not None:
             assert self._sessions is not None
-            records = await run_lanes(spec, self._sessions, send_turn, on_record, state, self._t0)
+            records = await run_lanes(
+                spec, self._sessions, send_turn, on_record, state, self._t0, early_stop
+            )
         else:
-            records = await run_level(spec, send, on_record, state, self._t0)
+            records = await run_level(spec, send, on_record, state, self._t0, early_stop)
         self._records[spec.index] = [r for r in records if r.phase == "measure"]
         metrics = summarize(records, percentiles=self.percentiles, slos=self.slos)
         if spec.lanes is not None:
@@ -309,6 +359,7 @@ class ServeBenchmark(BenchmarkBase):
             arrivals=spec.arrivals if spec.rate is not None else None,
             stopped=state.stopped,
             metrics=metrics,
+            tiers={t.name: evaluate(t, records, self.slos, metrics) for t in self.tiers},
         )
         self._levels.levels.append(summary)
         goodputs = [lv.metrics.get("goodput") for lv in self._levels.levels]
@@ -352,6 +403,12 @@ class ServeBenchmark(BenchmarkBase):
         elapsed = self.work.elapsed_s
         metrics: dict[str, float | int | None] = {}
         k = self._levels.knee
+        search = self._levels.search
+        if search is not None and search.tiers:  # the reported level: the first tier's boundary
+            metrics["capacity"] = search.tiers[0].boundary
+            metrics.update({f"capacity.{b.tier}": b.boundary for b in search.tiers})
+            at = next((lv for lv in levels if _load_of(lv) == search.tiers[0].boundary), None)
+            k = at.index if at is not None else None
         if len(levels) == 1:
             metrics.update(levels[0].metrics)
         else:
@@ -367,13 +424,14 @@ class ServeBenchmark(BenchmarkBase):
         metrics["input_tokens_exact"] = None if exact is None else int(exact)
         metrics["ignore_eos"] = int(self._ignore_eos)
         self._final_logs(levels)
-        table = levels_table(levels, k, self.percentiles)
+        mark = "capacity" if search is not None else "knee"
+        table = levels_table(levels, k, self.percentiles, mark)
         head = levels[k] if k is not None else (levels[0] if levels else None)
         summary = "no level ran"
         if head is not None:
             m = head.metrics
             summary = (
-                f"{len(levels)} level(s); {'knee ' if len(levels) > 1 else ''}{head.label}: "
+                f"{len(levels)} level(s); {mark + ' ' if len(levels) > 1 else ''}{head.label}: "
                 f"{number_text(m.get('request_throughput'))} req/s, "
                 f"{number_text(m.get('output_throughput'))} tok/s, "
                 f"goodput {number_text(m.get('goodput'))}"
@@ -427,7 +485,7 @@ class ServeBenchmark(BenchmarkBase):
             if lag is not None and lag > 5.0:
                 text = f"{lv.label}: client scheduling lag p99 {number_text(lag)} ms > 5 ms"
                 self._log("warn", text + "; the client, not the server, may be limiting this level")
-        if not self.slos and len(levels) > 1:
+        if not self.slos and not self.tiers and len(levels) > 1:
             self._log("info", "no --slo given: goodput equals throughput, the knee is saturation")
 
     def _log(self, level: Literal["info", "warn", "error"], message: str) -> None:
@@ -437,3 +495,8 @@ class ServeBenchmark(BenchmarkBase):
         if self._client is not None:
             client, self._client = self._client, None
             await client.__aexit__(None, None, None)
+
+
+def _load_of(level: LevelSummary) -> float | None:
+    load = next((x for x in (level.lanes, level.concurrency, level.rate) if x is not None), None)
+    return None if load is None else float(load)

@@ -63,6 +63,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("error_rate", "fraction", "lower", stat="mean",
            doc="failed measured requests / measured requests"),
     *SESSION_METRICS,
+    Metric("capacity", "load", "higher", stat="value",
+           doc="--search: the largest load (lanes, concurrency or req/s) meeting the first SLO "
+           "tier (capacity.<tier> for each)"),
 )  # fmt: skip
 
 

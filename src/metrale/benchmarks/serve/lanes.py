@@ -49,8 +49,8 @@ async def run_lanes(
         nonlocal errors
         on_record(record)
         state.completions.append(time.perf_counter())
-        if record.phase != "measure":
-            return
+        if record.phase != "measure" or (state.stopped and record.error == "cancelled"):
+            return  # a level stopped early cancels what is in flight: not measured
         state.measured.append(record)
         errors += record.error is not None
         reason = None

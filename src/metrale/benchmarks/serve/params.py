@@ -3,11 +3,10 @@ parsing of the parameters that hold lists (SLOs, percentiles)."""
 
 from __future__ import annotations
 
-import math
-
 from pydantic import BaseModel, Field
 
-from metrale.benchmarks.serve.metrics import SLO_KEYS
+from metrale.benchmarks.serve.search import SearchResult
+from metrale.benchmarks.serve.slo import TierOutcome
 from metrale.errors import UsageError
 from metrale.plugin import ParamSpec
 
@@ -24,6 +23,8 @@ class LevelSummary(BaseModel):
     lanes: int | None = None
     stopped: str | None = None
     metrics: dict[str, float | int | None] = Field(default_factory=dict)
+    #: each SLO tier at this level (name -> passed, criteria values, attainment)
+    tiers: dict[str, TierOutcome] = Field(default_factory=dict)
 
 
 class ServeLevels(BaseModel):
@@ -35,23 +36,9 @@ class ServeLevels(BaseModel):
     input_tokens_exact: bool | None = None
     levels: list[LevelSummary] = Field(default_factory=list)
     knee: int | None = None
-
-
-def parse_slos(text: str) -> dict[str, float]:
-    """`ttft_ms=200,tpot_ms=50` -> {"ttft_ms": 200.0, "tpot_ms": 50.0}."""
-    slos: dict[str, float] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        if not sep or key not in SLO_KEYS:
-            raise UsageError(f"slo {part!r} is not KEY=MS; accepted keys: {', '.join(SLO_KEYS)}")
-        try:
-            slos[key] = float(value)
-        except ValueError:
-            raise UsageError(f"slo {part!r}: {value!r} is not a number of ms") from None
-        if not math.isfinite(slos[key]) or slos[key] <= 0:
-            raise UsageError(f"slo {part!r} must be a positive number of ms")
-    return slos
+    #: SLO tiers: name -> criteria, as given
+    tiers: dict[str, str] = Field(default_factory=dict)
+    search: SearchResult | None = None
 
 
 def parse_percentiles(text: str) -> list[float]:
@@ -122,12 +109,21 @@ def serve_parameters() -> list[ParamSpec]:
         ParamSpec(name="temperature", type="float", default=0.0, min=0.0, max=2.0,
                   help="sampling temperature"),
         ParamSpec(name="slo", type="str", default="",
-                  help="SLOs for goodput: ttft_ms=200,tpot_ms=50,e2e_ms=5000,itl_ms=..."),
+                  help="per-request SLOs for goodput (ttft_ms=200,tpot_ms=50,e2e_ms=5000,"
+                  "itl_ms=...) and tiers of level criteria ([NAME:]ttft_p95<=2s,"
+                  "session_goodput>=0.95; ...)"),
         ParamSpec(name="percentiles", type="str", default="50,90,99",
                   help="percentiles reported (plus mean and max)"),
         ParamSpec(name="seed", type="int", default=0, min=0,
                   help="prompts and arrival times"),
         *session_parameters(),
+        ParamSpec(name="search", type="str", default="none",
+                  choices=["none", "lanes", "concurrency", "rate"],
+                  help="find the largest load meeting each --slo tier (bracketing, bisection)"),
+        ParamSpec(name="search_range", type="str", default="1:64",
+                  help="LOW:HIGH of the searched load"),
+        ParamSpec(name="search_step", type="float", default=None, min=1e-6, nullable=True,
+                  help="the search's resolution (1 for lanes/concurrency; (HIGH-LOW)/32 for rate)"),
     ]  # fmt: skip
 
 

@@ -69,7 +69,7 @@ def _bucket_metrics() -> list[Metric]:
 
 SESSION_METRICS: tuple[Metric, ...] = (
     *_bucket_metrics(),
-    Metric("session_goodput", "fraction", "higher", stat="mean", column=True,
+    Metric("session_goodput", "fraction", "higher", stat="mean",
            doc="measured sessions whose every turn succeeded and met the SLOs / sessions"),
     Metric("session_wall_s_p50", "s", "lower", stat="p50",
            doc="p50 of session wall time: last end - start"),

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -281,3 +281,14 @@ def _load_file(path: Path) -> list[Session]:
         sid = str(row.get("id", f"{path.stem}-{n}"))
         sessions.append(session_from_messages(sid, row["messages"], tools, where))
     return sessions
+
+
+def session_source(values: Mapping[str, Any]) -> SessionSource:
+    """The source serve's parameters name: `synthetic`, or recorded sessions from a path."""
+    if values["session_source"] == "synthetic":
+        return SyntheticSessions(
+            turns=values["turns"], turn_tokens=values["turn_tokens"],
+            system_tokens=values["system_tokens"], tool_time=ToolTime.parse(values["tool_time"]),
+            seed=values["seed"],
+        )  # fmt: skip
+    return RecordedSessions(load_sessions(Path(values["session_source"])), values["session_marker"])
