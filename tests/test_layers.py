@@ -40,6 +40,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "metrale.errors",
             "metrale.net",
             "metrale.datasets",
+            "metrale.prefix",
             "metrale",  # the package itself: its version only
         ),
     ),

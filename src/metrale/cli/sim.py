@@ -8,10 +8,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from metrale.bounds import COUNT, DELAY_S, FRACTION, SEED, TOKENS, TOKENS_PER_S
+from metrale.bounds import COUNT, DELAY_S, FRACTION, SEED, TOKENS, TOKENS_PER_S, Bound
 from metrale.cli.aio import run_async
 from metrale.cli.parsing import bounded, no_extra, port
 from metrale.errors import UsageError
+
+#: The names of `/metrics` (kept here so that `metrale sim --help` imports no server code).
+METRICS_NAMES = ("vllm", "llama-server", "none")
+BLOCK = Bound(1, 4096, integer=True, unit="tokens")
 
 
 def add_parser(sub: Any) -> None:
@@ -60,6 +64,42 @@ def add_parser(sub: Any) -> None:
         help="capacity: output tokens/s shared by all streams (0 = no budget)",
     )
     p.add_argument(
+        "--prefill-s-per-token",
+        type=delay,
+        default=0.0,
+        metavar="S",
+        help="serving model: prefill seconds per uncached prompt token, before the first token",
+    )
+    p.add_argument(
+        "--prefix-cache-tokens",
+        type=bounded(TOKENS),
+        default=0,
+        metavar="N",
+        help="serving model: an LRU prefix cache (and KV pool) of N tokens; reports "
+        "usage.prompt_tokens_details.cached_tokens (0 = no cache)",
+    )
+    p.add_argument(
+        "--cache-block",
+        type=bounded(BLOCK),
+        default=16,
+        metavar="N",
+        help="serving model: tokens per prefix-cache block",
+    )
+    p.add_argument(
+        "--tool-turns",
+        type=bounded(COUNT),
+        default=None,
+        metavar="N",
+        help="a request with tools gets a call of its first tool, until N tool results follow "
+        "the last user message (then text; default: always a call)",
+    )
+    p.add_argument(
+        "--metrics",
+        choices=METRICS_NAMES,
+        default="vllm",
+        help="the /metrics page's names: vllm, llama-server, or none (no page: 404)",
+    )
+    p.add_argument(
         "--replay",
         type=Path,
         metavar="FILE",
@@ -88,6 +128,9 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
         error_kinds=kinds, usage=not args.no_usage, seed=args.seed,
         max_running=args.max_running or None, token_budget=args.token_budget or None,
         header_delay_s=args.header_delay, api_key=args.require_api_key,
+        prefill_s_per_token=args.prefill_s_per_token,
+        prefix_cache_tokens=args.prefix_cache_tokens, cache_block=args.cache_block,
+        tool_turns=args.tool_turns, metrics_names=args.metrics,
     )  # fmt: skip
     if args.replay is not None:
         from metrale.endpoint.replay import load_replay

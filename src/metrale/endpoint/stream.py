@@ -105,7 +105,7 @@ class Completion:
     chunks: int = 0
     reasoning_chunks: int = 0
     prompt_tokens: int | None = None
-    #: `usage.prompt_tokens_details.cached_tokens`: prompt tokens the server's cache served
+    #: `usage.prompt_tokens_details.cached_tokens`: prompt tokens the server's prefix cache served
     cached_tokens: int | None = None
     completion_tokens: int | None = None
     token_source: Literal["usage", "counted"] | None = None
@@ -120,10 +120,11 @@ class Completion:
 
 
 def cached_tokens(usage: dict[str, Any]) -> int | None:
-    """`usage.prompt_tokens_details.cached_tokens` (OpenAI, vLLM, SGLang), None when absent."""
+    """`usage.prompt_tokens_details.cached_tokens` (OpenAI's field; vLLM and SGLang send it),
+    None when absent or not a count."""
     details = usage.get("prompt_tokens_details")
-    value = details.get("cached_tokens") if type(details) is dict else None
-    return value if type(value) is int else None
+    n = details.get("cached_tokens") if isinstance(details, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
 
 
 def spread_tokens(chunks: int, output_tokens: int | None, cumulative: Sequence[int]) -> list[float]:
@@ -160,10 +161,21 @@ class StreamParser:
     """
 
     __slots__ = (
-        "cached_tokens", "content", "done", "finish_reason", "keep_text", "keep_times",
+        "cached_tokens",
+        "content",
+        "done",
+        "finish_reason",
+        "keep_text",
+        "keep_times",
         "last_event",
-        "prompt_tokens", "reasoning", "reasoning_chunks", "times", "tool_calls", "ttfc",
-        "usage_tokens", "usages",
+        "prompt_tokens",
+        "reasoning",
+        "reasoning_chunks",
+        "times",
+        "tool_calls",
+        "ttfc",
+        "usage_tokens",
+        "usages",
     )  # fmt: skip
 
     def __init__(self, *, keep_text: bool = True, keep_times: bool = False) -> None:
@@ -179,8 +191,8 @@ class StreamParser:
         self.done = False
         self.finish_reason: str | None = None
         self.prompt_tokens: int | None = None
-        self.cached_tokens: int | None = None
         self.usage_tokens: int | None = None
+        self.cached_tokens: int | None = None
         self.ttfc: float | None = None
         self.last_event: float | None = None
 

@@ -62,6 +62,7 @@ from metrale.benchmarks.serve.slo import (
     parse_slo,
 )
 from metrale.benchmarks.serve.table import levels_table, ms_text
+from metrale.benchmarks.serve.trace import TraceRequest, load_trace, trace_prompts
 from metrale.errors import UsageError
 from metrale.fmt import number_text
 from metrale.plugin import (
@@ -74,6 +75,7 @@ from metrale.plugin import (
     Status,
 )
 from metrale.plugin.lifecycle import BenchmarkBase
+from metrale.prefix import IdealPrefixCache, block_hashes, message_words
 from metrale.stats import percentile
 
 
@@ -112,6 +114,7 @@ class ServeBenchmark(BenchmarkBase):
         self._sessions: SessionSource | None = None
         self.tiers: list[Tier] = []
         self._search: SearchSpec | None = None
+        self._trace: list[TraceRequest] | None = None
         self._client: StreamClient | None = None
         self._bodies: list[PreparedRequest] = []
         self._state: LevelState | None = None
@@ -121,6 +124,9 @@ class ServeBenchmark(BenchmarkBase):
         self._t0 = 0.0
         self._next_prompt = 0
         self._ignore_eos = False
+        #: each body's prompt as prefix-cache blocks and its token count (`metrale.prefix`)
+        self._prefixes: list[tuple[list[bytes], int]] = []
+        self._ideal = IdealPrefixCache()
 
     def parameters(self) -> list[ParamSpec]:
         return serve_parameters()
@@ -145,6 +151,17 @@ class ServeBenchmark(BenchmarkBase):
             raise UsageError("give --requests N or --duration-s S (a level must stop)")
         elif v["prompts"] not in ("synthetic", "gsm8k"):
             self._file_prompts = load_jsonl(Path(v["prompts"]))
+        if v["trace"]:
+            if v["load"] != "concurrency" or v["prompts"] != "synthetic":
+                raise UsageError("--trace replays its own arrivals and prompts; it takes no "
+                                 "--load rate/sweep nor --prompts")  # fmt: skip
+            if v["shared_prefix_tokens"]:
+                raise UsageError("--trace shares the blocks its hash_ids say; it takes no "
+                                 "--shared-prefix-tokens")  # fmt: skip
+            self._trace = load_trace(Path(v["trace"]))
+        if v["shared_prefix_tokens"] and v["prompts"] != "synthetic":
+            raise UsageError("--shared-prefix-tokens shapes synthetic prompts only; "
+                             f"--prompts is {v['prompts']!r}")  # fmt: skip
 
     def _session_source(self) -> SessionSource:
         v = self.values
@@ -179,21 +196,36 @@ class ServeBenchmark(BenchmarkBase):
             prompts = self._file_prompts
         elif v["prompts"] == "gsm8k":
             prompts = gsm8k_questions()
+        elif self._trace is not None:
+            handle.on_status("prompts")
+            tokenizer = Tokenizer(self._client.pool, handle.target)
+            exact = await tokenizer.detect()
+            prompts = await trace_prompts(self._trace, tokenizer)
+            if not exact:
+                self._log("warn", "the server has no tokenize endpoint: trace prompt lengths "
+                          "are approximate (1.3 tokens a word)")  # fmt: skip
         else:
             handle.on_status("prompts")
             tokenizer = Tokenizer(self._client.pool, handle.target)
             await tokenizer.detect()
             prompts, exact = await synthetic(
-                v["num_prompts"], v["input_tokens"], v["seed"], tokenizer
-            )
+                v["num_prompts"], v["input_tokens"], v["seed"], tokenizer,
+                v["shared_prefix_tokens"],
+            )  # fmt: skip
             if not exact:
                 self._log("warn", "the server has no tokenize endpoint: synthetic prompt "
                           f"lengths are approximate ({v['input_tokens']} tokens taken as "
                           f"{round(v['input_tokens'] / 1.3)} words)")  # fmt: skip
         self._ignore_eos = v["ignore_eos"] and await self._accepts_ignore_eos()
         self._bodies = [self._body(p) for p in prompts]
+        self._ideal = IdealPrefixCache(v["cache_block"])
+        self._prefixes = [
+            (block_hashes(words, v["cache_block"]), len(words))
+            for words in (message_words(p.messages) for p in prompts)
+        ]
+        load = "trace" if self._trace is not None else v["load"]
         self._levels = ServeLevels(
-            load=v["load"], slos=self.slos, percentiles=self.percentiles, input_tokens_exact=exact,
+            load=load, slos=self.slos, percentiles=self.percentiles, input_tokens_exact=exact,
             tiers={t.name: t.text for t in self.tiers},
         )  # fmt: skip
 
@@ -247,6 +279,13 @@ class ServeBenchmark(BenchmarkBase):
         v = self.values
         if v["load"] == "sessions":
             return self._spec(0, f"lanes {v['lanes']}", lanes=v["lanes"])
+        if self._trace is not None:
+            speed = v["trace_speed"]
+            return LevelSpec(
+                index=0, label=f"trace x{speed:g}", arrivals="constant",
+                measure=Bound(len(self._trace)), max_error_rate=v["max_error_rate"],
+                offsets_s=tuple(r.offset_s / speed for r in self._trace),
+            )  # fmt: skip
         if v["load"] == "concurrency":
             return self._spec(0, f"concurrency {v['concurrency']}", concurrency=v["concurrency"])
         return self._spec(0, f"rate {v['rate']:g}/s", rate=v["rate"])
@@ -329,14 +368,20 @@ class ServeBenchmark(BenchmarkBase):
         bodies = self._bodies
 
         async def send(record: RequestRecord) -> None:
-            body = bodies[self._next_prompt % len(bodies)]
+            i = self._next_prompt % len(bodies)
             self._next_prompt += 1
-            await client.send(body, record, self._t0)
+            names, tokens = self._prefixes[i]
+            record.ideal_prompt_tokens = tokens
+            record.ideal_cached_tokens = self._ideal.add_blocks(names, tokens)
+            await client.send(bodies[i], record, self._t0)
 
         def on_record(record: RequestRecord) -> None:
             handle.artifacts.append_line(REQUESTS_FILE, record)
 
         async def send_turn(session: Session, turn: Turn, record: RequestRecord) -> None:
+            words = message_words(session.messages[: turn.upto])
+            record.ideal_prompt_tokens = len(words)
+            record.ideal_cached_tokens = self._ideal.add(words)
             await client.send(self._turn_body(session, turn), record, self._t0)
 
         if spec.lanes is not None:

@@ -66,6 +66,13 @@ METRICS: tuple[Metric, ...] = (
     Metric("capacity", "load", "higher", stat="value",
            doc="--search: the largest load (lanes, concurrency or req/s) meeting the first SLO "
            "tier (capacity.<tier> for each)"),
+    Metric("prefix_hit_rate_ideal", "fraction", None, stat="ratio",
+           doc="prompt tokens an unbounded perfect prefix cache would serve / prompt tokens, "
+           "block-granular (`metrale.prefix`), from the prompts in the order sent"),
+    Metric("prefix_hit_rate_server", "fraction", "higher", stat="ratio",
+           doc="usage cached_tokens / usage prompt_tokens over the requests reporting them"),
+    Metric("prefix_cache_efficiency", "fraction", "higher", stat="value",
+           doc="prefix_hit_rate_server / prefix_hit_rate_ideal"),
 )  # fmt: skip
 
 
@@ -83,6 +90,16 @@ def samples(records: Sequence[RequestRecord], slos: Mapping[str, float]) -> dict
         f"{name}_ms_{q}": values for name, values in series.items() for q in _QS
     }
     out["error_rate"] = [0.0 if r.ok else 1.0 for r in measured]
+    out["prefix_hit_rate_ideal"] = [
+        (float(r.ideal_cached_tokens), float(r.ideal_prompt_tokens))
+        for r in ok
+        if r.ideal_cached_tokens is not None and r.ideal_prompt_tokens
+    ]
+    out["prefix_hit_rate_server"] = [
+        (float(r.cached_tokens), float(r.prompt_tokens))
+        for r in ok
+        if r.cached_tokens is not None and r.prompt_tokens
+    ]
     window = measured_window(measured)
     if window is None:
         return out

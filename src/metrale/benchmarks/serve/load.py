@@ -95,6 +95,8 @@ class LevelSpec:
     cooldown: Bound = Bound()
     max_error_rate: float | None = None
     seed: int = 0
+    #: a trace's arrivals: request i intended `offsets_s[i]` after the level starts (open loop)
+    offsets_s: tuple[float, ...] | None = None
 
 
 @dataclass
@@ -289,10 +291,13 @@ async def _open_loop(
     track: Track,
     all_measured_done: asyncio.Event,
 ) -> None:
-    """Arrivals on a seeded schedule; with `max_concurrency`, an arrival waits for a slot and the
-    wait is its queue wait."""
-    assert spec.rate is not None
-    gaps = arrival_gaps(spec.arrivals, spec.rate, random.Random(spec.seed), spec.burstiness)
+    """Arrivals on a seeded schedule (or a trace's offsets); with `max_concurrency`, an arrival
+    waits for a slot and the wait is its queue wait."""
+    if spec.offsets_s is not None:
+        gaps = offset_gaps(spec.offsets_s)
+    else:
+        assert spec.rate is not None
+        gaps = arrival_gaps(spec.arrivals, spec.rate, random.Random(spec.seed), spec.burstiness)
     slots = asyncio.Semaphore(spec.max_concurrency) if spec.max_concurrency else None
 
     async def gated(record: RequestRecord) -> None:
@@ -312,6 +317,17 @@ async def _open_loop(
             return
         record = admit(phase, intended)
         track(one(record) if slots is None else gated(record))
+
+
+def offset_gaps(offsets_s: tuple[float, ...]) -> Iterator[float]:
+    """The gaps between a trace's offsets (the first from the level's start), then 0 for ever:
+    the level's measured count (the trace's length) ends it."""
+    prev = 0.0
+    for t in offsets_s:
+        yield t - prev
+        prev = t
+    while True:
+        yield 0.0
 
 
 def sweep_rates(lowest: float, saturation: float, levels: int) -> list[float]:

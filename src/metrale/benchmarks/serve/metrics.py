@@ -61,16 +61,22 @@ class RequestRecord(BaseModel):
     chunk_tokens: list[float] = Field(default_factory=list, description="tokens per chunk")
     reasoning_chunks: int = 0
     prompt_tokens: int | None = None
+    cached_tokens: int | None = Field(
+        None, description="usage.prompt_tokens_details.cached_tokens: served by the server's cache"
+    )
+    ideal_prompt_tokens: int | None = Field(
+        None, description="prompt tokens by metrale.prefix's rule (whitespace words)"
+    )
+    ideal_cached_tokens: int | None = Field(
+        None, description="of those, what an unbounded perfect prefix cache would serve"
+    )
     output_tokens: int | None = None
     token_source: Literal["usage", "counted"] | None = None
     finish_reason: str | None = None
     status: int | None = None
     error: str | None = None
     session: str | None = Field(None, description="session id (load=sessions)")
-    turn: int | None = Field(None, description="turn index within its session, from 0")
-    cached_tokens: int | None = Field(
-        None, description="usage.prompt_tokens_details.cached_tokens, where reported"
-    )
+    turn: int | None = Field(None, description="turn index within its session, from 1")
     tool_s: float | None = Field(None, description="tool time before this turn (s)")
 
     @property
@@ -222,6 +228,7 @@ def summarize(
         "output_tokens_mean": mean([float(r.output_tokens or 0) for r in ok]),
         "prompt_tokens_mean": mean([float(p) for p in prompt]),
         "tokens_counted": int(any(r.token_source == "counted" for r in ok)),
+        **prefix_rates(ok),
     }
     series: dict[str, list[float]] = {
         "ttft": [r.ttft_s for r in ok if r.ttft_s is not None],
@@ -235,6 +242,32 @@ def summarize(
     for name, values in series.items():
         m.update(spread_ms(name, values, percentiles))
     return m
+
+
+def prefix_rates(ok: Sequence[RequestRecord]) -> dict[str, float | None]:
+    """Prefix-cache efficiency over successful requests (`metrale.prefix` for the block rule):
+
+    - `prefix_hit_rate_ideal` = Σ ideal cached tokens / Σ ideal prompt tokens: the fraction of
+      prompt tokens an unbounded perfect cache would have served, from the prompts in the order
+      sent (the cache's state carries over from warm-up and earlier levels, as the server's does);
+    - `prefix_hit_rate_server` = Σ cached tokens / Σ prompt tokens, from the usage of the
+      requests whose usage reports `cached_tokens` (None when none does: the `/metrics`
+      counters then give `server_prefix_hit_rate`, see `metrale.benchmarks.serve.telemetry`);
+    - `prefix_cache_efficiency` = server / ideal (None when the ideal is 0: nothing to serve).
+    """
+    ideal = [(r.ideal_cached_tokens, r.ideal_prompt_tokens) for r in ok]
+    ideal_hit = sum(h for h, n in ideal if h is not None and n)
+    ideal_all = sum(n for h, n in ideal if h is not None and n)
+    served = [(r.cached_tokens, r.prompt_tokens) for r in ok if r.cached_tokens is not None]
+    server_all = sum(n or 0 for _, n in served)
+    ideal_rate = ideal_hit / ideal_all if ideal_all else None
+    server_rate = sum(c or 0 for c, _ in served) / server_all if server_all else None
+    efficiency = server_rate / ideal_rate if server_rate is not None and ideal_rate else None
+    return {
+        "prefix_hit_rate_ideal": ideal_rate,
+        "prefix_hit_rate_server": server_rate,
+        "prefix_cache_efficiency": efficiency,
+    }
 
 
 def spread_ms(

@@ -54,8 +54,8 @@ def parse_percentiles(text: str) -> list[float]:
 #: The parameters a sweep may vary: the load, and the shape of each request.
 SWEEP_AXES = (
     "concurrency", "rate", "arrivals", "burstiness", "max_concurrency", "input_tokens",
-    "max_tokens", "num_prompts", "requests", "duration_s", "api", "lanes", "sessions", "turns",
-    "turn_tokens", "system_tokens", "tool_time",
+    "max_tokens", "num_prompts", "requests", "duration_s", "api", "shared_prefix_tokens",
+    "lanes", "sessions", "turns", "turn_tokens", "system_tokens", "tool_time",
 )  # fmt: skip
 
 
@@ -100,6 +100,16 @@ def serve_parameters() -> list[ParamSpec]:
                   help="synthetic prompt length (exact where the server tokenizes)"),
         ParamSpec(name="num_prompts", type="int", default=64, min=1, max=100_000,
                   help="distinct synthetic prompts, used in turn"),
+        ParamSpec(name="shared_prefix_tokens", type="int", default=0, min=0, max=1_000_000,
+                  help="synthetic prompts all open with the same system message of this many "
+                  "tokens (a prefix a server can cache)"),
+        ParamSpec(name="trace", type="str", default="",
+                  help="replay a Mooncake-format JSONL trace at its timestamps, open loop "
+                  "(replaces the load; lengths and shared blocks as recorded)"),
+        ParamSpec(name="trace_speed", type="float", default=1.0, min=0.001, max=1000.0,
+                  help="trace time scale: 2 replays twice as fast"),
+        ParamSpec(name="cache_block", type="int", default=16, min=1, max=4096,
+                  help="tokens per block of the ideal prefix cache (vLLM's block size)"),
         ParamSpec(name="max_tokens", type="int", default=128, min=1, max=1_000_000,
                   help="output token cap per request"),
         ParamSpec(name="api", type="str", default="chat", choices=["chat", "completions"],

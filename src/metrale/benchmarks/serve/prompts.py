@@ -258,9 +258,17 @@ class Tokenizer:
 
 
 async def synthetic(
-    n_prompts: int, input_tokens: int, seed: int, tokenizer: Tokenizer | None
+    n_prompts: int,
+    input_tokens: int,
+    seed: int,
+    tokenizer: Tokenizer | None,
+    shared_prefix_tokens: int = 0,
 ) -> tuple[list[Prompt], bool]:
     """`n_prompts` distinct prompts of `input_tokens` tokens each; True when lengths are exact.
+
+    With `shared_prefix_tokens`, each prompt opens with the same system message of that many
+    tokens (seeded apart from the user messages), then its own user message: a workload whose
+    prefix a server's cache can serve, `shared / (shared + input)` of every prompt after the first.
 
     Exact: words are added until the text reaches the length, the last word dropped while it
     overshoots, then single short words (" a", else " 1") pad it; at most ~input_tokens + 20
@@ -269,16 +277,25 @@ async def synthetic(
     rng = random.Random(seed)
     prompts: list[Prompt] = []
     exact = tokenizer is not None and tokenizer.available
+    head: list[dict[str, Any]] = []
+    if shared_prefix_tokens:
+        shared = random.Random(f"shared-prefix-{seed}")
+        words = ["shared:"] + [shared.choice(_VOCAB) for _ in range(shared_prefix_tokens * 2 + 8)]
+        text = await text_of(words, shared_prefix_tokens, tokenizer if exact else None)
+        head = [{"role": "system", "content": text}]
     for i in range(n_prompts):
         words = [f"{i}:"] + [rng.choice(_VOCAB) for _ in range(input_tokens * 2 + 8)]
-        guess = max(1, round(input_tokens * WORDS_PER_TOKEN))
-        if not exact:
-            prompts.append(Prompt([{"role": "user", "content": " ".join(words[:guess])}]))
-            continue
-        assert tokenizer is not None
-        text = await _exact_text(words, guess, input_tokens, tokenizer)
-        prompts.append(Prompt([{"role": "user", "content": text}]))
+        text = await text_of(words, input_tokens, tokenizer if exact else None)
+        prompts.append(Prompt([*head, {"role": "user", "content": text}]))
     return prompts, exact
+
+
+async def text_of(words: list[str], tokens: int, tokenizer: Tokenizer | None) -> str:
+    """`words` cut to `tokens` tokens: exactly with a tokenizer, else at 1.3 tokens a word."""
+    guess = max(1, round(tokens * WORDS_PER_TOKEN))
+    if tokenizer is None:
+        return " ".join(words[:guess])
+    return await _exact_text(words, guess, tokens, tokenizer)
 
 
 async def _exact_text(words: list[str], guess: int, target: int, tok: Tokenizer) -> str:

@@ -15,8 +15,9 @@ Every value here is a declared metric's statistic over the sample `session_sampl
   time; **waiting** = wall − model − tool (the client's scheduling and a failed turn's time to
   failure); `session_goodput` = the fraction of sessions whose every turn succeeded and met the
   per-request SLOs (`metrics.meets_slos`);
-- `cached_token_fraction` = Σ cached prompt tokens / Σ prompt tokens over the requests whose
-  usage reports both (`usage.prompt_tokens_details.cached_tokens`).
+
+The cached prompt tokens the server reports, the ideal hit rate of the prompts sent and their
+ratio are serve's prefix-cache metrics (`metrics.prefix_rates`), fed by session turns too.
 """
 
 from __future__ import annotations
@@ -81,8 +82,6 @@ SESSION_METRICS: tuple[Metric, ...] = (
            doc="mean of a session's waiting: wall - model - tool"),
     Metric("turns_per_session_mean", "turns", None, stat="mean",
            doc="mean requests per measured session"),
-    Metric("cached_token_fraction", "fraction", "higher", stat="ratio",
-           doc="sum of usage cached_tokens / sum of prompt_tokens, requests reporting both"),
 )  # fmt: skip
 
 
@@ -119,8 +118,6 @@ def session_samples(
                 got = values(r)
                 for q in _QS:
                     out[f"{series}_ms_{q}_{label}"].extend(got)
-        if r.cached_tokens is not None and r.prompt_tokens:
-            out["cached_token_fraction"].append((float(r.cached_tokens), float(r.prompt_tokens)))
     for turns in _by_session(records).values():
         wall, model, tool, wait = session_times(turns)
         out["session_goodput"].append(float(all(meets_slos(r, slos) for r in turns)))
