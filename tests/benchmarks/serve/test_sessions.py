@@ -22,6 +22,7 @@ from metrale.benchmarks.serve.session_metrics import (
     CTX_BUCKETS,
     TURN_BUCKETS,
     bucket,
+    by_turn,
     summarize_sessions,
 )
 from metrale.benchmarks.serve.sessions import (
@@ -284,6 +285,9 @@ def test_session_metrics_split_wall_time_and_count_sessions_meeting_every_turn()
     assert one["ttft_ms_p50_turn1"] == pytest.approx(100) and one["ttft_ms_p50_turn2_4"] == 300
     assert one["ttft_ms_p50_ctx_lt1k"] == 100 and one["ttft_ms_p50_ctx_1k_4k"] == 300
     assert one["ttft_ms_p50_turn5_8"] is None
+    rows = by_turn(a + b)
+    assert rows["1"]["requests"] == 2 and rows["1"]["ttft_ms_p50"] == pytest.approx(100)
+    assert rows["2"]["requests"] == 2 and rows["2"]["ttft_ms_p50"] == pytest.approx(300)
 
 
 def test_buckets() -> None:

@@ -73,6 +73,9 @@ def test_64_sessions_of_10_turns_are_640_requests_with_growing_prompts(
     assert m["session_wall_s_p50"] > m["session_model_s_mean"] / 10
     levels = json.loads((tmp_path / "levels.json").read_text())
     assert levels["load"] == "sessions" and levels["levels"][0]["lanes"] == 16
+    by_turn = levels["levels"][0]["by_turn"]
+    assert sorted(by_turn, key=int) == [str(t) for t in range(1, 11)]
+    assert all(row["requests"] == 64 and row["ttft_ms_p50"] > 0 for row in by_turn.values())
 
 
 class Recorder:

@@ -52,7 +52,11 @@ from metrale.benchmarks.serve.search import (
     capacity_search,
     parse_search,
 )
-from metrale.benchmarks.serve.session_metrics import session_samples, summarize_sessions
+from metrale.benchmarks.serve.session_metrics import (
+    by_turn,
+    session_samples,
+    summarize_sessions,
+)
 from metrale.benchmarks.serve.sessions import Session, SessionSource, Turn, session_source
 from metrale.benchmarks.serve.slo import (
     OverSaturation,
@@ -405,6 +409,7 @@ class ServeBenchmark(BenchmarkBase):
             stopped=state.stopped,
             metrics=metrics,
             tiers={t.name: evaluate(t, records, self.slos, metrics) for t in self.tiers},
+            by_turn=by_turn(records) if spec.lanes is not None else {},
         )
         self._levels.levels.append(summary)
         goodputs = [lv.metrics.get("goodput") for lv in self._levels.levels]

@@ -23,6 +23,8 @@ class LevelSummary(BaseModel):
     lanes: int | None = None
     stopped: str | None = None
     metrics: dict[str, float | int | None] = Field(default_factory=dict)
+    #: load=sessions: per exact turn index, requests and TTFT/TPOT/ITL p50, p90 (ms)
+    by_turn: dict[str, dict[str, float | None]] = Field(default_factory=dict)
     #: each SLO tier at this level (name -> passed, criteria values, attainment)
     tiers: dict[str, TierOutcome] = Field(default_factory=dict)
 

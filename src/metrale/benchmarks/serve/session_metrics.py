@@ -28,6 +28,7 @@ from typing import Any
 from metrale.benchmarks.serve.metrics import RequestRecord, itl_samples, meets_slos, tpot
 from metrale.plugin import Metric
 from metrale.plugin.metrics import Stat, compute
+from metrale.stats import percentile
 
 #: (name, lowest turn) of each turn bucket, in order; a bucket ends where the next begins.
 TURN_BUCKETS = (("turn1", 1), ("turn2_4", 2), ("turn5_8", 5), ("turn9_16", 9), ("turn17p", 17))
@@ -126,6 +127,25 @@ def session_samples(
         out["session_tool_s_mean"].append(tool)
         out["session_wait_s_mean"].append(wait)
         out["turns_per_session_mean"].append(float(len(turns)))
+    return out
+
+
+def by_turn(records: Sequence[RequestRecord]) -> dict[str, dict[str, float | None]]:
+    """Per exact turn index (`levels.json`'s `by_turn`): measured requests, and TTFT, TPOT and
+    ITL p50 and p90 (ms) over the successful ones; the declared buckets above group these."""
+    turns: dict[int, list[RequestRecord]] = {}
+    for r in records:
+        if r.phase == "measure" and r.turn is not None:
+            turns.setdefault(r.turn, []).append(r)
+    out: dict[str, dict[str, float | None]] = {}
+    for turn in sorted(turns):
+        group = turns[turn]
+        row: dict[str, float | None] = {"requests": float(len(group))}
+        for series, values in _SERIES.items():
+            sample = [x for r in group if r.ok for x in values(r)]
+            for q in _QS:
+                row[f"{series}_ms_{q}"] = percentile(sample, float(q[1:]))
+        out[str(turn)] = row
     return out
 
 
