@@ -190,6 +190,26 @@ def test_the_search_finds_the_hand_computed_capacity_of_k_slots(
     assert panel["title"].startswith("SLO attainment") and panel["mark"] == tier["boundary"]
 
 
+@pytest.mark.slow
+def test_the_concurrency_search_finds_k_slots(sim_factory, tmp_path: Path) -> None:
+    """The same serving model under a closed loop of C clients: C <= K never waits (TTFT =
+    S0 = 0.1 s); C = K + 1 makes one request in K + 1 wait S = 0.24 s, more than ttft_p90
+    allows (1/(K+1) = 20% > 10%). Capacity K = 4, found in at most 2 + ceil(log2 15) levels."""
+    k = 4
+    s = sim_factory("--max-running", str(k), "--ttft", "0.1", "--itl", "0.02",
+                    "--output-tokens", "8")  # fmt: skip
+    result = serve(s.url, tmp_path, "--requests", "40", "--max-tokens", "8",
+                   "--search", "concurrency", "--search-range", "1:16",
+                   "--slo", "ttft_p90<=220ms")  # fmt: skip
+    levels = json.loads((tmp_path / "levels.json").read_text())
+    (tier,) = levels["search"]["tiers"]
+    assert abs(tier["boundary"] - k) <= 1, levels["search"]
+    assert len(levels["levels"]) <= 2 + math.ceil(math.log2(15))
+    assert result["metrics"]["capacity"] == tier["boundary"]
+    assert [lv["concurrency"] for lv in levels["levels"]][:2] == [1, 16]
+    assert levels["levels"][1]["stopped"].startswith("over-saturated")
+
+
 @pytest.mark.parametrize(
     ("flags", "needle"),
     [
