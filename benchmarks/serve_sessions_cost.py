@@ -4,10 +4,10 @@
    then 16 tokens in one write), synthetic sessions with exponential tool time, so the 1,000
    sessions are in flight at once and each turn is sent after a sleep. Its scheduling lag
    (send − ready, `sched_lag_ms_p99`) is set beside its **floor**: a bare asyncio loop in its own
-   process with 1,000 tasks on the same schedule (turn 1 at once, then the tool-time draws, 50 ms
-   an answer), each measuring how late it woke: what any asyncio client on this machine can do
-   at best while it sends nothing. Runs are interleaved, repeated,
-   and the medians quoted.
+   process with 1,000 tasks on the same schedule (lanes started over a ramp as long as
+   the mean tool time, `--ramp-s`; then the tool-time draws, 50 ms an answer), each measuring
+   how late it woke: what any asyncio client on this machine can do at best while it sends
+   nothing. Runs are interleaved, repeated, and the medians quoted.
 2. **Memory per session.** The peak RSS of the same run at 1,000 lanes and at 10 lanes (its own
    process each, `os.wait4`): (RSS₁₀₀₀ − RSS₁₀) / 990 is what one session in flight costs,
    beside the size of one session's messages (`sys.getsizeof` over everything it holds).
@@ -35,7 +35,8 @@ lanes, turns, mean = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 lags = []
 async def lane(seed):
     rng = random.Random(seed)
-    for turn in range(turns):  # metrale's schedule: turn 1 at once, then tool time, each turn
+    await asyncio.sleep(mean * seed / lanes)  # the same ramp as --ramp-s MEAN
+    for turn in range(turns):  # metrale's schedule: turn 1 at the lane's start, then tool time
         ready = time.perf_counter() + (rng.expovariate(1 / mean) if turn else 0.0)
         await asyncio.sleep(max(ready - time.perf_counter(), 0))
         lags.append(time.perf_counter() - ready)
@@ -68,6 +69,7 @@ def run_sessions(url: str, lanes: int, turns: int, tool_mean: float, out: Path) 
         "--load", "sessions", "--lanes", str(lanes), "--sessions", str(lanes), "--turns",
         str(turns), "--turn-tokens", "50", "--system-tokens", "200",
         "--tool-time", f"exp:{tool_mean}", "--max-tokens", "16", "--out", str(out), "--quiet",
+        "--ramp-s", str(tool_mean),
     ]  # fmt: skip
     code, rss = maxrss_run(cmd, timeout=600)
     if code != 0 or not (out / "result.json").is_file():

@@ -239,6 +239,21 @@ def test_lanes_run_every_turn_of_every_measured_session_with_tool_time() -> None
     assert sum(1 for s, _ in sent) >= 9 * 4 - 3 * 4  # warm-up sessions ran too
 
 
+def test_a_ramp_spreads_the_lanes_first_turns() -> None:
+    firsts: list[float] = []
+
+    async def send(session: Session, turn: Turn, record: RequestRecord) -> None:
+        firsts.append(time.perf_counter() - t0)
+        await asyncio.sleep(0.5)  # each lane holds its one session past the ramp
+        record.e2e_s, record.end_s = 0.5, time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    spec = level(4, 4, ramp_s=0.4)
+    source = synthetic(turns=1, tool_time=ToolTime.parse("const:0"))
+    asyncio.run(run_lanes(spec, source, send, lambda r: None, LevelState(spec), t0))
+    assert [round(x, 1) for x in sorted(firsts)] == [0.0, 0.1, 0.2, 0.3]
+
+
 def test_early_stop_ends_a_level_of_lanes() -> None:
     async def send(session: Session, turn: Turn, record: RequestRecord) -> None:
         await asyncio.sleep(0.001)

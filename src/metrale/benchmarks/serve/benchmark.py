@@ -307,6 +307,7 @@ class ServeBenchmark(BenchmarkBase):
             cooldown=Bound(v["cooldown"] or None, v["cooldown_s"] or None),
             max_error_rate=v["max_error_rate"],
             seed=v["seed"] + index,
+            ramp_s=v["ramp_s"] if "lanes" in load else 0.0,
             **load,
         )
 

@@ -1,6 +1,8 @@
 """One load level of sessions: N lanes, each running one session after another.
 
-A lane starts session k (k counts sessions across lanes in start order), then sends its turns
+With `ramp_s`, lane i begins i/N of the way through the ramp (N lanes all starting at once send
+N first turns together, and N answers arrive together: a herd no agent fleet makes). A lane
+starts session k (k counts sessions across lanes in start order), then sends its turns
 one at a time: turn i is **intended** (and ready) `tool_s` after turn i-1 ended, so the tool
 time is slept, and the **scheduling lag** (send − ready) is how late the event loop sent it. The
 warm-up, measured and cool-down bounds count *sessions*; a session's turns share its phase. The
@@ -37,6 +39,7 @@ async def run_lanes(
 ) -> list[RequestRecord]:
     """Run one level of `spec.lanes` lanes to its end; return every measured record."""
     assert spec.lanes is not None
+    n_lanes = spec.lanes
     start = time.perf_counter()
     state.started = start
     phases = Phases(spec, start)
@@ -85,8 +88,10 @@ async def run_lanes(
             note(record)
         return record
 
-    async def lane() -> None:
+    async def lane(i: int) -> None:
         nonlocal measured_left
+        if spec.ramp_s > 0:  # lane i starts at i/N of the ramp: no herd of first turns
+            await asyncio.sleep(start + spec.ramp_s * i / n_lanes - time.perf_counter())
         while not finished.is_set():
             phase = phases.next(time.perf_counter())
             if phase is None:
@@ -106,7 +111,7 @@ async def run_lanes(
                 if measured_left == 0 and phases.phase == "cooldown":
                     finished.set()
 
-    lanes = [asyncio.ensure_future(lane()) for _ in range(spec.lanes)]
+    lanes = [asyncio.ensure_future(lane(i)) for i in range(n_lanes)]
 
     async def all_lanes() -> None:
         try:

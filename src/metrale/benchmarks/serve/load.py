@@ -87,6 +87,8 @@ class LevelSpec:
     rate: float | None = None
     #: lanes of sessions (load=sessions, `lanes.run_lanes`); the bounds then count sessions
     lanes: int | None = None
+    #: lanes start evenly spaced over this many seconds (0: all at once)
+    ramp_s: float = 0.0
     arrivals: Arrivals = "poisson"
     burstiness: float = 1.0
     max_concurrency: int | None = None

@@ -157,6 +157,8 @@ def session_parameters() -> list[ParamSpec]:
                   help="tokens (words) of the system prompt every synthetic session shares"),
         ParamSpec(name="tool_time", type="str", default="exp:1",
                   help="tool time between synthetic turns: const:S, exp:MEAN, uniform:LO:HI"),
+        ParamSpec(name="ramp_s", type="float", default=0.0, min=0.0, max=86_400.0,
+                  help="seconds over which the lanes start, evenly spaced (0: all at once)"),
         ParamSpec(name="session_marker", type="bool", default=True,
                   help="open each recorded session's first user message with its number "
                   "(no cached prefix shared between lanes)"),
