@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -72,6 +73,9 @@ def _start_sim_process(argv: Sequence[str]) -> Iterator[Sim]:
         if "listening on" not in line:
             rest = proc.stdout.read() if proc.poll() is not None else ""
             raise RuntimeError(f"metrale sim did not start: {line}{rest}")
+        # Drain what it prints from now on (aiohttp logs a traceback for each request its
+        # client cancelled): a full pipe would stop the simulator mid-test.
+        threading.Thread(target=proc.stdout.read, daemon=True).start()
         yield Sim(url=line.rsplit(" ", 1)[-1].strip(), proc=proc)
     finally:
         with contextlib.suppress(ProcessLookupError):

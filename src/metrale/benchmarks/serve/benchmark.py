@@ -12,8 +12,10 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from metrale.agent import BASH_TOOL
 from metrale.benchmarks.serve.client import PreparedRequest, StreamClient
 from metrale.benchmarks.serve.declared import METRICS, samples
+from metrale.benchmarks.serve.lanes import run_lanes
 from metrale.benchmarks.serve.load import (
     Bound,
     LevelSpec,
@@ -35,7 +37,6 @@ from metrale.benchmarks.serve.params import (
     LevelSummary,
     ServeLevels,
     parse_percentiles,
-    parse_slos,
     serve_parameters,
 )
 from metrale.benchmarks.serve.prompts import (
@@ -44,6 +45,26 @@ from metrale.benchmarks.serve.prompts import (
     gsm8k_questions,
     load_jsonl,
     synthetic,
+)
+from metrale.benchmarks.serve.search import (
+    LOAD_OF_AXIS,
+    Measured,
+    SearchSpec,
+    capacity_search,
+    parse_search,
+)
+from metrale.benchmarks.serve.session_metrics import (
+    by_turn,
+    session_samples,
+    summarize_sessions,
+)
+from metrale.benchmarks.serve.sessions import Session, SessionSource, Turn, session_source
+from metrale.benchmarks.serve.slo import (
+    OverSaturation,
+    Tier,
+    bootstrap_criteria,
+    evaluate,
+    parse_slo,
 )
 from metrale.benchmarks.serve.table import levels_table, ms_text
 from metrale.benchmarks.serve.trace import TraceRequest, load_trace, trace_prompts
@@ -102,6 +123,9 @@ class ServeBenchmark(BenchmarkBase):
         self.client_workers = 1
         self.percentiles: list[float] = []
         self._file_prompts: list[Prompt] | None = None
+        self._sessions: SessionSource | None = None
+        self.tiers: list[Tier] = []
+        self._search: SearchSpec | None = None
         self._trace: list[TraceRequest] | None = None
         self._client: StreamClient | None = None
         self._bodies: list[PreparedRequest] = []
@@ -127,14 +151,18 @@ class ServeBenchmark(BenchmarkBase):
 
     def configured(self) -> None:
         v = self.values
-        self.slos = parse_slos(v["slo"])
+        self.slos, self.tiers = parse_slo(v["slo"], METRICS)
         self.client_workers = parse_workers(v["client_workers"])
+        if v["search"] != "none":
+            self._search = self._search_spec()
         self.percentiles = parse_percentiles(v["percentiles"])
         if v["load"] == "rate" and v["rate"] is None:
             raise UsageError("load=rate needs --rate REQ_PER_S")
-        if v["requests"] is None and v["duration_s"] is None:
+        if v["load"] == "sessions":
+            self._sessions = self._session_source()
+        elif v["requests"] is None and v["duration_s"] is None:
             raise UsageError("give --requests N or --duration-s S (a level must stop)")
-        if v["prompts"] not in ("synthetic", "gsm8k"):
+        elif v["prompts"] not in ("synthetic", "gsm8k"):
             self._file_prompts = load_jsonl(Path(v["prompts"]))
         if v["trace"]:
             if v["load"] != "concurrency" or v["prompts"] != "synthetic":
@@ -148,6 +176,24 @@ class ServeBenchmark(BenchmarkBase):
             raise UsageError("--shared-prefix-tokens shapes synthetic prompts only; "
                              f"--prompts is {v['prompts']!r}")  # fmt: skip
 
+    def _session_source(self) -> SessionSource:
+        v = self.values
+        if v["sessions"] is None and v["duration_s"] is None:
+            raise UsageError("give --sessions N or --duration-s S (a level must stop)")
+        if v["api"] != "chat":
+            raise UsageError("load=sessions sends chat messages: it needs --api chat")
+        return session_source(v)
+
+    def _search_spec(self) -> SearchSpec:
+        v = self.values
+        axis, load = v["search"], LOAD_OF_AXIS[v["search"]]
+        if v["load"] != load:
+            raise UsageError(f"--search {axis} varies load={load}: give --load {load}")
+        if not self.tiers:
+            raise UsageError("--search needs at least one SLO tier in --slo "
+                             "(e.g. --slo 'ttft_p95<=2s,session_goodput>=0.95')")  # fmt: skip
+        return parse_search(axis, v["search_range"], v["search_step"])
+
     # ------------------------------------------------------------------------ load
 
     async def prepare(self, handle: PluginHandle) -> None:
@@ -157,7 +203,9 @@ class ServeBenchmark(BenchmarkBase):
             handle.target, handle.client_options, v["api"]
         ).__aenter__()
         exact: bool | None = None
-        if self._file_prompts is not None:
+        if self._sessions is not None:
+            prompts = []
+        elif self._file_prompts is not None:
             prompts = self._file_prompts
         elif v["prompts"] == "gsm8k":
             prompts = gsm8k_questions()
@@ -190,8 +238,9 @@ class ServeBenchmark(BenchmarkBase):
         ]
         load = "trace" if self._trace is not None else v["load"]
         self._levels = ServeLevels(
-            load=load, slos=self.slos, percentiles=self.percentiles, input_tokens_exact=exact
-        )
+            load=load, slos=self.slos, percentiles=self.percentiles, input_tokens_exact=exact,
+            tiers={t.name: t.text for t in self.tiers},
+        )  # fmt: skip
 
     def _body(self, prompt: Prompt, ignore_eos: bool | None = None) -> PreparedRequest:
         v = self.values
@@ -203,7 +252,7 @@ class ServeBenchmark(BenchmarkBase):
         if v["api"] == "chat":
             body["messages"] = prompt.messages
         else:  # the messages' text, joined: /completions applies no chat template
-            body["prompt"] = "\n".join(str(m.get("content", "")) for m in prompt.messages)
+            body["prompt"] = "\n".join(str(m.get("content") or "") for m in prompt.messages)
         if self._ignore_eos if ignore_eos is None else ignore_eos:
             body["ignore_eos"] = True
         assert self._client is not None
@@ -223,8 +272,26 @@ class ServeBenchmark(BenchmarkBase):
 
     # ------------------------------------------------------------------------ run
 
+    def _turn_body(self, session: Session, turn: Turn) -> PreparedRequest:
+        """One turn's request: the session's messages up to the turn, with its tools; encoded
+        from the session alone, so a replay sends the same bytes."""
+        v = self.values
+        body: dict[str, Any] = {
+            "model": self.handle.target.model if self.handle and self.handle.target else "",
+            "max_tokens": turn.max_tokens or v["max_tokens"],
+            "temperature": v["temperature"],
+            "messages": session.messages[: turn.upto],
+            "tools": session.tools or [BASH_TOOL],
+        }
+        if self._ignore_eos:
+            body["ignore_eos"] = True
+        assert self._client is not None
+        return self._client.prepare(body)
+
     def _plan_fixed(self) -> LevelSpec:
         v = self.values
+        if v["load"] == "sessions":
+            return self._spec(0, f"lanes {v['lanes']}", lanes=v["lanes"])
         if self._trace is not None:
             speed = v["trace_speed"]
             return LevelSpec(
@@ -245,15 +312,48 @@ class ServeBenchmark(BenchmarkBase):
             burstiness=v["burstiness"],
             max_concurrency=v["max_concurrency"] if "rate" in load else None,
             warmup=Bound(v["warmup"] or None, v["warmup_s"] or None),
-            measure=Bound(v["requests"], v["duration_s"]),
+            measure=Bound(v["sessions"] if "lanes" in load else v["requests"], v["duration_s"]),
             cooldown=Bound(v["cooldown"] or None, v["cooldown_s"] or None),
             max_error_rate=v["max_error_rate"],
             seed=v["seed"] + index,
+            ramp_s=v["ramp_s"] if "lanes" in load else 0.0,
             **load,
         )
 
+    async def _run_search(self, spec: SearchSpec) -> None:
+        v = self.values
+        planned = v["requests"] if spec.axis != "lanes" else None
+        if spec.axis == "lanes" and v["session_source"] == "synthetic" and v["sessions"]:
+            planned = v["sessions"] * v["turns"]
+
+        async def measure(load: float) -> Measured:
+            index = len(self._levels.levels)
+            value: float | int = load if spec.axis == "rate" else int(load)
+            level = self._spec(index, f"{spec.axis} {value:g}", **{spec.axis: value})
+            stop = OverSaturation(self.tiers, self.slos, planned, v["sessions"])
+            summary = await self._run_level(level, stop)
+            return Measured(index, summary.tiers, summary.metrics)
+
+        def bootstrap(tier: Tier, index: int) -> dict[str, list[float]]:
+            return bootstrap_criteria(tier, self._records[index], self.slos, seed=v["seed"])
+
+        result = await capacity_search(spec, self.tiers, measure, bootstrap)
+        self._levels.search = result
+        assert self.handle is not None
+        self.handle.artifacts.write_json(LEVELS_FILE, self._levels)
+        for b in result.tiers:
+            where = "below LOW" if b.boundary is None else f"{b.boundary:g}"
+            above = "none (HIGH passed)" if b.above is None else f"{b.above:g} fails"
+            self._log("info", f"capacity ({b.tier}: {b.criteria}): {spec.axis} {where}; "
+                      f"{number_text(b.request_throughput)} req/s, goodput "
+                      f"{number_text(b.goodput)}, session goodput "
+                      f"{number_text(b.session_goodput)}; next level {above}")  # fmt: skip
+
     async def _run_all(self) -> None:
         v = self.values
+        if self._search is not None:
+            await self._run_search(self._search)
+            return
         if v["load"] != "sweep":
             await self._run_level(self._plan_fixed())
             return
@@ -272,7 +372,9 @@ class ServeBenchmark(BenchmarkBase):
                 self._log("warn", f"sweep stopped at {level.label}: {level.stopped}")
                 return
 
-    async def _run_level(self, spec: LevelSpec) -> LevelSummary:
+    async def _run_level(
+        self, spec: LevelSpec, early_stop: OverSaturation | None = None
+    ) -> LevelSummary:
         assert self.handle is not None and self._client is not None
         handle, client = self.handle, self._client
         handle.on_status(spec.label)
@@ -290,8 +392,19 @@ class ServeBenchmark(BenchmarkBase):
         def on_record(record: RequestRecord) -> None:
             handle.artifacts.append_line(REQUESTS_FILE, record)
 
+        async def send_turn(session: Session, turn: Turn, record: RequestRecord) -> None:
+            words = message_words(session.messages[: turn.upto])
+            record.ideal_prompt_tokens = len(words)
+            record.ideal_cached_tokens = self._ideal.add(words)
+            await client.send(self._turn_body(session, turn), record, self._t0)
+
         started = time.perf_counter()
-        if self.client_workers > 1 and spec.concurrency is not None and spec.concurrency > 1:
+        if spec.lanes is not None:
+            assert self._sessions is not None
+            records = await run_lanes(
+                spec, self._sessions, send_turn, on_record, state, self._t0, early_stop
+            )
+        elif self.client_workers > 1 and spec.concurrency is not None and spec.concurrency > 1:
             assert handle.target is not None
             records = await run_level_in_workers(
                 spec, self.client_workers, handle.target, handle.client_options,
@@ -302,9 +415,11 @@ class ServeBenchmark(BenchmarkBase):
                 # A warm-up opens the level's connections before it starts, so that no
                 # measured request pays a connect (reported apart anyway: `connect_ms_*`).
                 await client.pool.open(spec.concurrency or spec.max_concurrency or 0)
-            records = await run_level(spec, send, on_record, state, self._t0)
+            records = await run_level(spec, send, on_record, state, self._t0, early_stop)
         self._records[spec.index] = [r for r in records if r.phase == "measure"]
         metrics = summarize(records, percentiles=self.percentiles, slos=self.slos)
+        if spec.lanes is not None:
+            metrics.update(summarize_sessions(records, self.slos))
         if handle.telemetry is not None:
             window = handle.telemetry.summary(started, time.perf_counter())
             metrics.update(with_server_rate(metrics, window))
@@ -313,9 +428,12 @@ class ServeBenchmark(BenchmarkBase):
             label=spec.label,
             concurrency=spec.concurrency,
             rate=spec.rate,
+            lanes=spec.lanes,
             arrivals=spec.arrivals if spec.rate is not None else None,
             stopped=state.stopped,
             metrics=metrics,
+            tiers={t.name: evaluate(t, records, self.slos, metrics) for t in self.tiers},
+            by_turn=by_turn(records) if spec.lanes is not None else {},
         )
         self._levels.levels.append(summary)
         goodputs = [lv.metrics.get("goodput") for lv in self._levels.levels]
@@ -363,6 +481,12 @@ class ServeBenchmark(BenchmarkBase):
         elapsed = self.work.elapsed_s
         metrics: dict[str, float | int | None] = {}
         k = self._levels.knee
+        search = self._levels.search
+        if search is not None and search.tiers:  # the reported level: the first tier's boundary
+            metrics["capacity"] = search.tiers[0].boundary
+            metrics.update({f"capacity.{b.tier}": b.boundary for b in search.tiers})
+            at = next((lv for lv in levels if _load_of(lv) == search.tiers[0].boundary), None)
+            k = at.index if at is not None else None
         if len(levels) == 1:
             metrics.update(levels[0].metrics)
         else:
@@ -378,13 +502,14 @@ class ServeBenchmark(BenchmarkBase):
         metrics["input_tokens_exact"] = None if exact is None else int(exact)
         metrics["ignore_eos"] = int(self._ignore_eos)
         self._final_logs(levels)
-        table = levels_table(levels, k, self.percentiles)
+        mark = "capacity" if search is not None else "knee"
+        table = levels_table(levels, k, self.percentiles, mark)
         head = levels[k] if k is not None else (levels[0] if levels else None)
         summary = "no level ran"
         if head is not None:
             m = head.metrics
             summary = (
-                f"{len(levels)} level(s); {'knee ' if len(levels) > 1 else ''}{head.label}: "
+                f"{len(levels)} level(s); {mark + ' ' if len(levels) > 1 else ''}{head.label}: "
                 f"{number_text(m.get('request_throughput'))} req/s, "
                 f"{number_text(m.get('output_throughput'))} tok/s, "
                 f"goodput {number_text(m.get('goodput'))}"
@@ -416,7 +541,8 @@ class ServeBenchmark(BenchmarkBase):
             errors=sum(1 for r in records if not r.ok),
             e2e_s=elapsed,
             metrics=metrics,
-            samples=dict(samples(records, self.slos)),  # typed as the field is (dict is invariant)
+            # typed as the field is (dict is invariant)
+            samples={**samples(records, self.slos), **session_samples(records, self.slos)},
         )
 
     def _final_logs(self, levels: list[LevelSummary]) -> None:
@@ -443,7 +569,7 @@ class ServeBenchmark(BenchmarkBase):
                           f"{CLIENT_LAG_WARN_MS:g} ms: the client fell behind the streams, so "
                           "chunk times may be the client's, not the server's (--client-workers "
                           "spreads the load over processes)")  # fmt: skip
-        if not self.slos and len(levels) > 1:
+        if not self.slos and not self.tiers and len(levels) > 1:
             self._log("info", "no --slo given: goodput equals throughput, the knee is saturation")
 
     def _log(self, level: Literal["info", "warn", "error"], message: str) -> None:
@@ -453,3 +579,8 @@ class ServeBenchmark(BenchmarkBase):
         if self._client is not None:
             client, self._client = self._client, None
             await client.__aexit__(None, None, None)
+
+
+def _load_of(level: LevelSummary) -> float | None:
+    load = next((x for x in (level.lanes, level.concurrency, level.rate) if x is not None), None)
+    return None if load is None else float(load)

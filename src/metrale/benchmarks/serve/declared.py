@@ -24,6 +24,7 @@ from metrale.benchmarks.serve.metrics import (
     meets_slos,
     tpot,
 )
+from metrale.benchmarks.serve.session_metrics import SESSION_METRICS
 from metrale.plugin import Metric
 from metrale.plugin.metrics import Stat
 
@@ -61,6 +62,10 @@ METRICS: tuple[Metric, ...] = (
            doc="successful requests meeting every SLO / measured window"),
     Metric("error_rate", "fraction", "lower", stat="mean",
            doc="failed measured requests / measured requests"),
+    *SESSION_METRICS,
+    Metric("capacity", "load", "higher", stat="value",
+           doc="--search: the largest load (lanes, concurrency or req/s) meeting the first SLO "
+           "tier (capacity.<tier> for each)"),
     Metric("prefix_hit_rate_ideal", "fraction", None, stat="ratio",
            doc="prompt tokens an unbounded perfect prefix cache would serve / prompt tokens, "
            "block-granular (`metrale.prefix`), from the prompts in the order sent"),

@@ -85,6 +85,10 @@ class LevelSpec:
     label: str
     concurrency: int | None = None
     rate: float | None = None
+    #: lanes of sessions (load=sessions, `lanes.run_lanes`); the bounds then count sessions
+    lanes: int | None = None
+    #: lanes start evenly spaced over this many seconds (0: all at once)
+    ramp_s: float = 0.0
     arrivals: Arrivals = "poisson"
     burstiness: float = 1.0
     max_concurrency: int | None = None
@@ -124,7 +128,7 @@ class LevelState:
 SendFn = Callable[[RequestRecord], Awaitable[None]]
 
 
-class _Phases:
+class Phases:
     """Which phase the next request belongs to; None when the level should stop sending."""
 
     def __init__(self, spec: LevelSpec, start: float) -> None:
@@ -161,17 +165,19 @@ async def run_level(
     on_record: Callable[[RequestRecord], None],
     state: LevelState,
     t0: float,
+    early_stop: Callable[[LevelState], str | None] | None = None,
 ) -> list[RequestRecord]:
     """Run one level to its end and return every measured record.
 
     `send` fills in a record (send time, chunks, error); `t0` is the run's perf_counter origin.
     The level ends when the cool-down bound is reached and every measured request has finished;
     cool-down requests still in flight then are cancelled (recorded with error "cancelled").
-    An error rate above `max_error_rate` (checked from 10 measured completions on) stops it early.
+    An error rate above `max_error_rate` (checked from 10 measured completions on) stops it early,
+    and so does `early_stop` when it names a reason (the capacity search's over-saturation).
     """
     start = time.perf_counter()
     state.started = start
-    phases = _Phases(spec, start)
+    phases = Phases(spec, start)
     tasks: set[asyncio.Task[None]] = set()
     measured_left = 0
     all_measured_done = asyncio.Event()
@@ -205,6 +211,11 @@ async def run_level(
                 ):
                     phases.stop = True
                     state.stopped = f"error rate {errors / done:.2f} > {spec.max_error_rate:g}"
+                elif early_stop is not None and not phases.stop:
+                    reason = early_stop(state)
+                    if reason is not None:
+                        phases.stop = True
+                        state.stopped = reason
                 if measured_left == 0 and phases.phase == "cooldown":
                     all_measured_done.set()
 
@@ -251,7 +262,7 @@ async def _closed_loop(
     concurrency: int,
     start: float,
     t0: float,
-    phases: _Phases,
+    phases: Phases,
     admit: Admit,
     one: Callable[[RequestRecord], Awaitable[None]],
     track: Track,
@@ -276,7 +287,7 @@ async def _closed_loop(
 async def _open_loop(
     spec: LevelSpec,
     t0: float,
-    phases: _Phases,
+    phases: Phases,
     admit: Admit,
     one: Callable[[RequestRecord], Awaitable[None]],
     track: Track,

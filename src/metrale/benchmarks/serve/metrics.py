@@ -91,6 +91,9 @@ class RequestRecord(BaseModel):
     finish_reason: str | None = None
     status: int | None = None
     error: str | None = None
+    session: str | None = Field(None, description="session id (load=sessions)")
+    turn: int | None = Field(None, description="turn index within its session, from 1")
+    tool_s: float | None = Field(None, description="tool time before this turn (s)")
 
     @property
     def ok(self) -> bool:

@@ -3,11 +3,10 @@ parsing of the parameters that hold lists (SLOs, percentiles)."""
 
 from __future__ import annotations
 
-import math
-
 from pydantic import BaseModel, Field
 
-from metrale.benchmarks.serve.metrics import SLO_KEYS
+from metrale.benchmarks.serve.search import SearchResult
+from metrale.benchmarks.serve.slo import TierOutcome
 from metrale.errors import UsageError
 from metrale.plugin import ParamSpec
 
@@ -21,8 +20,13 @@ class LevelSummary(BaseModel):
     concurrency: int | None = None
     rate: float | None = None
     arrivals: str | None = None
+    lanes: int | None = None
     stopped: str | None = None
     metrics: dict[str, float | int | None] = Field(default_factory=dict)
+    #: load=sessions: per exact turn index, requests and TTFT/TPOT/ITL p50, p90 (ms)
+    by_turn: dict[str, dict[str, float | None]] = Field(default_factory=dict)
+    #: each SLO tier at this level (name -> passed, criteria values, attainment)
+    tiers: dict[str, TierOutcome] = Field(default_factory=dict)
 
 
 class ServeLevels(BaseModel):
@@ -34,23 +38,9 @@ class ServeLevels(BaseModel):
     input_tokens_exact: bool | None = None
     levels: list[LevelSummary] = Field(default_factory=list)
     knee: int | None = None
-
-
-def parse_slos(text: str) -> dict[str, float]:
-    """`ttft_ms=200,tpot_ms=50` -> {"ttft_ms": 200.0, "tpot_ms": 50.0}."""
-    slos: dict[str, float] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        if not sep or key not in SLO_KEYS:
-            raise UsageError(f"slo {part!r} is not KEY=MS; accepted keys: {', '.join(SLO_KEYS)}")
-        try:
-            slos[key] = float(value)
-        except ValueError:
-            raise UsageError(f"slo {part!r}: {value!r} is not a number of ms") from None
-        if not math.isfinite(slos[key]) or slos[key] <= 0:
-            raise UsageError(f"slo {part!r} must be a positive number of ms")
-    return slos
+    #: SLO tiers: name -> criteria, as given
+    tiers: dict[str, str] = Field(default_factory=dict)
+    search: SearchResult | None = None
 
 
 def parse_percentiles(text: str) -> list[float]:
@@ -67,6 +57,7 @@ def parse_percentiles(text: str) -> list[float]:
 SWEEP_AXES = (
     "concurrency", "rate", "arrivals", "burstiness", "max_concurrency", "input_tokens",
     "max_tokens", "num_prompts", "requests", "duration_s", "api", "shared_prefix_tokens",
+    "lanes", "sessions", "turns", "turn_tokens", "system_tokens", "tool_time",
 )  # fmt: skip
 
 
@@ -74,8 +65,8 @@ def serve_parameters() -> list[ParamSpec]:
     """serve's parameters (the run-wide client flags are the runner's)."""
     return [
         ParamSpec(name="load", type="str", default="concurrency",
-                  choices=["concurrency", "rate", "sweep"],
-                  help="fixed concurrency, a request rate, or a sweep to the knee"),
+                  choices=["concurrency", "rate", "sweep", "sessions"],
+                  help="fixed concurrency, a request rate, a sweep to the knee, or sessions"),
         ParamSpec(name="concurrency", type="int", default=8, min=1, max=100_000,
                   help="requests in flight (load=concurrency)"),
         ParamSpec(name="rate", type="float", default=None, min=0.001, nullable=True,
@@ -130,7 +121,9 @@ def serve_parameters() -> list[ParamSpec]:
         ParamSpec(name="temperature", type="float", default=0.0, min=0.0, max=2.0,
                   help="sampling temperature"),
         ParamSpec(name="slo", type="str", default="",
-                  help="SLOs for goodput: ttft_ms=200,tpot_ms=50,e2e_ms=5000,itl_ms=..."),
+                  help="per-request SLOs for goodput (ttft_ms=200,tpot_ms=50,e2e_ms=5000,"
+                  "itl_ms=...) and tiers of level criteria ([NAME:]ttft_p95<=2s,"
+                  "session_goodput>=0.95; ...)"),
         ParamSpec(name="percentiles", type="str", default="50,90,99",
                   help="percentiles reported (plus mean and max)"),
         ParamSpec(name="seed", type="int", default=0, min=0,
@@ -138,4 +131,38 @@ def serve_parameters() -> list[ParamSpec]:
         ParamSpec(name="client_workers", type="str", default="1",
                   help="client processes for a concurrency level: N or auto (one per core); "
                   "each its own loop and connections, records merged"),
+        *session_parameters(),
+        ParamSpec(name="search", type="str", default="none",
+                  choices=["none", "lanes", "concurrency", "rate"],
+                  help="find the largest load meeting each --slo tier (bracketing, bisection)"),
+        ParamSpec(name="search_range", type="str", default="1:64",
+                  help="LOW:HIGH of the searched load"),
+        ParamSpec(name="search_step", type="float", default=None, min=1e-6, nullable=True,
+                  help="the search's resolution (1 for lanes/concurrency; (HIGH-LOW)/32 for rate)"),
+    ]  # fmt: skip
+
+
+def session_parameters() -> list[ParamSpec]:
+    """The session workload's parameters (load=sessions; see `sessions` and `lanes`)."""
+    return [
+        ParamSpec(name="lanes", type="int", default=8, min=1, max=100_000,
+                  help="sessions in flight, each lane one session after another (load=sessions)"),
+        ParamSpec(name="sessions", type="int", default=16, min=1, nullable=True,
+                  help="measured sessions per level (load=sessions; warmup/cooldown count "
+                  "sessions too)"),
+        ParamSpec(name="session_source", type="str", default="synthetic",
+                  help="synthetic, a JSONL session file, or a run directory's transcripts"),
+        ParamSpec(name="turns", type="int", default=10, min=1, max=10_000,
+                  help="turns per synthetic session"),
+        ParamSpec(name="turn_tokens", type="int", default=200, min=1, max=1_000_000,
+                  help="tokens (words) each synthetic turn adds: the user task, each tool result"),
+        ParamSpec(name="system_tokens", type="int", default=1000, min=0, max=1_000_000,
+                  help="tokens (words) of the system prompt every synthetic session shares"),
+        ParamSpec(name="tool_time", type="str", default="exp:1",
+                  help="tool time between synthetic turns: const:S, exp:MEAN, uniform:LO:HI"),
+        ParamSpec(name="ramp_s", type="float", default=0.0, min=0.0, max=86_400.0,
+                  help="seconds over which the lanes start, evenly spaced (0: all at once)"),
+        ParamSpec(name="session_marker", type="bool", default=True,
+                  help="open each recorded session's first user message with its number "
+                  "(no cached prefix shared between lanes)"),
     ]  # fmt: skip

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from metrale.errors import UsageError, read_data_file
+
+if TYPE_CHECKING:
+    from metrale.benchmarks.serve.params import ServeLevels
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +44,9 @@ def plot_serve(directory: Path, out: Path) -> Path:
     x = [float(lv.metrics["request_throughput"] or 0.0) for lv in points]
     knee = next((i for i, lv in enumerate(points) if lv.index == levels.knee), None)
 
-    fig = Figure(figsize=(13, 4.2), dpi=110)
+    fig = Figure(figsize=(17 if levels.tiers else 13, 4.2), dpi=110)
     FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 3)
+    axes = fig.subplots(1, 4 if levels.tiers else 3)
     for ax, metric, title in (
         (axes[0], "ttft", "TTFT (ms)"),
         (axes[1], "tpot", "TPOT (ms)"),
@@ -58,7 +61,7 @@ def plot_serve(directory: Path, out: Path) -> Path:
     axes[2].plot(x, x, ":", color="grey", label="goodput = throughput")
     slo_text = ", ".join(f"{k} ≤ {v:g}" for k, v in levels.slos.items()) or "no SLO"
     axes[2].set_title(f"goodput (req/s; {slo_text})")
-    for ax in axes:
+    for ax in axes[:3]:
         ax.set_xlabel("achieved throughput (req/s)")
         ax.grid(alpha=0.3)
         if knee is not None:
@@ -67,11 +70,53 @@ def plot_serve(directory: Path, out: Path) -> Path:
     for i, lv in enumerate(points):
         axes[2].annotate(lv.label, (x[i], good[i]), fontsize=7, alpha=0.7,
                          textcoords="offset points", xytext=(3, 3))  # fmt: skip
+    if levels.tiers:
+        _attainment_axes(axes[3], levels)
     fig.suptitle(f"serve: {directory.name}")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
     return out
+
+
+def attainment_points(levels: ServeLevels, tier: str) -> list[tuple[float, float, bool, str]]:
+    """(load, attainment, passed, label) of each level that judged `tier`, by load."""
+    out = []
+    for lv in levels.levels:
+        load = next((x for x in (lv.lanes, lv.concurrency, lv.rate) if x is not None), None)
+        outcome = lv.tiers.get(tier)
+        if load is not None and outcome is not None and outcome.attainment is not None:
+            out.append((float(load), outcome.attainment, outcome.passed, lv.label))
+    return sorted(out)
+
+
+def boundary_of(levels: ServeLevels, tier: str) -> float | None:
+    found = [b for b in (levels.search.tiers if levels.search else []) if b.tier == tier]
+    return found[0].boundary if found else None
+
+
+def _load_label(levels: ServeLevels) -> str:
+    axis = levels.search.axis if levels.search else levels.load
+    return {"sessions": "lanes", "rate": "rate (req/s)"}.get(axis, axis)
+
+
+def _attainment_axes(ax: Any, levels: ServeLevels) -> None:
+    """SLO attainment (sessions or requests meeting each tier) against the load; filled markers
+    passed the tier, hollow ones failed; dashed lines at each tier's boundary."""
+    for i, tier in enumerate(levels.tiers):
+        color = f"C{i}"
+        pts = attainment_points(levels, tier)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", color=color, label=tier)
+        for x, y, passed, _ in pts:
+            ax.plot([x], [y], "o", color=color, fillstyle="full" if passed else "none")
+        if (b := boundary_of(levels, tier)) is not None:
+            ax.axvline(b, color=color, linestyle="--", alpha=0.6, label=f"{tier} boundary {b:g}")
+    ax.set_title("SLO attainment (filled: tier met)")
+    ax.set_xlabel(_load_label(levels))
+    ax.set_ylabel("fraction meeting the tier")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
 
 
 def serve_curves(directory: Path) -> list[dict[str, Any]]:
@@ -108,7 +153,16 @@ def serve_curves(directory: Path) -> list[dict[str, Any]]:
         return {"name": name, "dashed": dashed, "points": pts}
 
     x_label = "achieved throughput (req/s)"
+    tiers = [
+        {"title": f"SLO attainment, tier {tier} ({text})", "x_label": _load_label(levels),
+         "mark": boundary_of(levels, tier),
+         "series": [{"name": "attainment", "dashed": False, "points": [
+             [x, y, f"{label}\n{'met' if ok else 'missed'} {tier}\nattainment {number_text(y)}"]
+             for x, y, ok, label in attainment_points(levels, tier)]}]}
+        for tier, text in levels.tiers.items()
+    ]  # fmt: skip
     return [
+        *tiers,
         {"title": "TTFT (ms)", "x_label": x_label, "mark": mark,
          "series": [series("ttft_ms_p50", "p50", "ms"), series("ttft_ms_p90", "p90", "ms", True)]},
         {"title": "TPOT (ms)", "x_label": x_label, "mark": mark,

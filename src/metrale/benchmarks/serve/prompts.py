@@ -142,11 +142,12 @@ class Prompt:
 
 
 def _is_message(m: object) -> bool:
-    return (
-        isinstance(m, dict)
-        and isinstance(m.get("role"), str)
-        and isinstance(m.get("content", ""), str | list)
-    )
+    """A chat message: a role, and content that is text or parts, or null on an assistant
+    message (one that only calls tools, as OpenAI's API sends it)."""
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        return False
+    content = m.get("content", "")
+    return isinstance(content, str | list) or (content is None and m["role"] == "assistant")
 
 
 def load_jsonl(path: Path) -> list[Prompt]:
@@ -172,7 +173,8 @@ def load_jsonl(path: Path) -> list[Prompt]:
             if not all(_is_message(m) for m in messages):
                 raise UsageError(
                     f"prompts file {path} line {n}: each of 'messages' must be an object "
-                    "with a 'role' string and 'content' (a string or a list of parts)"
+                    "with a 'role' string and 'content' (a string or a list of parts; null "
+                    "on an assistant message)"
                 )
         else:
             raise UsageError(

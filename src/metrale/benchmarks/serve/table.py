@@ -14,7 +14,11 @@ def ms_text(values: list[float], q: float) -> str:
     return in_unit(percentile(values, q), "ms")
 
 
-def levels_table(levels: list[LevelSummary], knee_index: int | None, qs: list[float]) -> Table:
+def levels_table(
+    levels: list[LevelSummary], knee_index: int | None, qs: list[float], mark: str = "knee"
+) -> Table:
+    """One row per level; the level at `knee_index` marked `*knee` (or `*capacity`: the first
+    SLO tier's boundary of a search)."""
     lo = "p" + q_text(50 if 50 in qs else qs[0])
     hi = "p" + q_text(90 if 90 in qs else qs[-1])
     cols = [
@@ -25,7 +29,7 @@ def levels_table(levels: list[LevelSummary], knee_index: int | None, qs: list[fl
     rows = []
     for lv in levels:
         m = lv.metrics
-        name = lv.label + (" *knee" if knee_index is not None and lv.index == knee_index else "")
+        name = lv.label + (f" *{mark}" if knee_index is not None and lv.index == knee_index else "")
 
         def ms(key: str, m: dict[str, float | int | None] = m) -> str:
             return number_text(m.get(key))
