@@ -27,6 +27,7 @@ from metrale.plugin.params import (
     ParamSpec,
     ParamType,
     ParamValues,
+    max_tokens_param,
     validate_params,
 )
 from metrale.plugin.results import (
@@ -177,6 +178,7 @@ __all__ = [
     "discover",
     "find_metric",
     "get_benchmark",
+    "max_tokens_param",
     "shown_stages",
     "validate_params",
 ]

@@ -156,9 +156,11 @@ class ServeBenchmark(BenchmarkBase):
         v = self.values
         body: dict[str, Any] = {
             "model": self.handle.target.model if self.handle and self.handle.target else "",
-            "max_tokens": prompt.max_tokens or v["max_tokens"],
             "temperature": v["temperature"],
         }
+        max_tokens = prompt.max_tokens or v["max_tokens"]
+        if max_tokens is not None:  # none: no cap sent, the server's own limit applies
+            body["max_tokens"] = max_tokens
         if v["api"] == "chat":
             body["messages"] = prompt.messages
         else:  # the messages' text, joined: /completions applies no chat template
@@ -352,7 +354,7 @@ class ServeBenchmark(BenchmarkBase):
         v = self.values
         if any(lv.metrics.get("tokens_counted") for lv in levels):
             self._log("warn", "the server sent no usage: output tokens are counted chunks")
-        if self._ignore_eos and v["prompts"] == "synthetic":
+        if self._ignore_eos and v["prompts"] == "synthetic" and v["max_tokens"] is not None:
             short = [
                 lv.label
                 for lv in levels

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from metrale.benchmarks.serve.metrics import SLO_KEYS
 from metrale.errors import UsageError
-from metrale.plugin import ParamSpec
+from metrale.plugin import ParamSpec, max_tokens_param
 
 LEVELS_FILE = "levels.json"
 REQUESTS_FILE = "requests.jsonl"
@@ -111,8 +111,7 @@ def serve_parameters() -> list[ParamSpec]:
                   help="synthetic prompt length (exact where the server tokenizes)"),
         ParamSpec(name="num_prompts", type="int", default=64, min=1, max=100_000,
                   help="distinct synthetic prompts, used in turn"),
-        ParamSpec(name="max_tokens", type="int", default=128, min=1, max=1_000_000,
-                  help="output token cap per request"),
+        max_tokens_param(128, "output token cap per request (a prompts file's own wins)"),
         ParamSpec(name="api", type="str", default="chat", choices=["chat", "completions"],
                   help="/chat/completions (messages) or /completions (a prompt string)"),
         ParamSpec(name="ignore_eos", type="bool", default=True,
