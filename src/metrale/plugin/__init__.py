@@ -93,6 +93,14 @@ class Benchmark(Protocol):
 
 
 @runtime_checkable
+class CallsInFlight(Protocol):
+    """Optional: how many model calls a configured benchmark makes at once (None: no bound),
+    so that the embedded server gets as many slots; `BenchmarkBase` gives every built-in one."""
+
+    def calls_in_flight(self) -> int | None: ...
+
+
+@runtime_checkable
 class PlotsRuns(Protocol):
     """Optional: a benchmark whose run directory has a figure of its own (`metrale plot DIR`)."""
 
@@ -154,6 +162,7 @@ __all__ = [
     "Artifacts",
     "Benchmark",
     "BenchmarkResult",
+    "CallsInFlight",
     "Check",
     "CurvesRuns",
     "Descriptor",

@@ -128,6 +128,12 @@ class BenchmarkBase:
     def needs_model(self) -> bool:
         return True
 
+    def calls_in_flight(self) -> int | None:
+        """The most model calls this configuration makes at once (None: no bound): the
+        embedded server gets that many slots. A rollout benchmark's bound, by default."""
+        value = self.values.get("max_concurrent")
+        return value if isinstance(value, int) else None
+
     # ------------------------------------------------------------------ lifecycle
 
     async def load(self, handle: PluginHandle) -> None:

@@ -111,6 +111,15 @@ class ServeBenchmark(BenchmarkBase):
     def metrics(self) -> list[Metric]:
         return list(METRICS)
 
+    def calls_in_flight(self) -> int | None:
+        """The level's concurrency; a sweep's saturating one; at a rate, its cap (or none)."""
+        v = self.values
+        if v["load"] == "concurrency":
+            return int(v["concurrency"])
+        if v["load"] == "sweep":
+            return int(v["sweep_concurrency"])
+        return None if v["max_concurrency"] is None else int(v["max_concurrency"])
+
     def configured(self) -> None:
         v = self.values
         self.slos = parse_slos(v["slo"])
