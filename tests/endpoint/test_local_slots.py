@@ -53,7 +53,8 @@ def test_the_command_batches_caches_and_exports_metrics() -> None:
     ("benchmark", "params", "expected"),
     [
         ("gsm8k", {"max_concurrent": 6}, 6),
-        ("gsm8k", {}, None),  # the rollout bound's default: unbounded
+        ("gsm8k", {"rollouts": 3, "max_concurrent": 6}, 3),
+        ("gsm8k", {"rollouts": 8}, 8),  # unbounded: as many as the rollouts
         ("serve", {"concurrency": 4}, 4),
         ("serve", {"load": "sweep", "sweep_concurrency": 32}, 32),
         ("serve", {"load": "rate", "rate": 2, "max_concurrency": 3}, 3),
