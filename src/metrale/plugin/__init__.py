@@ -27,6 +27,7 @@ from metrale.plugin.params import (
     ParamSpec,
     ParamType,
     ParamValues,
+    max_tokens_param,
     validate_params,
 )
 from metrale.plugin.results import (
@@ -92,6 +93,14 @@ class Benchmark(Protocol):
 
 
 @runtime_checkable
+class CallsInFlight(Protocol):
+    """Optional: how many model calls a configured benchmark makes at once (None: no bound),
+    so that the embedded server gets as many slots; `BenchmarkBase` gives every built-in one."""
+
+    def calls_in_flight(self) -> int | None: ...
+
+
+@runtime_checkable
 class PlotsRuns(Protocol):
     """Optional: a benchmark whose run directory has a figure of its own (`metrale plot DIR`)."""
 
@@ -153,6 +162,7 @@ __all__ = [
     "Artifacts",
     "Benchmark",
     "BenchmarkResult",
+    "CallsInFlight",
     "Check",
     "CurvesRuns",
     "Descriptor",
@@ -177,6 +187,7 @@ __all__ = [
     "discover",
     "find_metric",
     "get_benchmark",
+    "max_tokens_param",
     "shown_stages",
     "validate_params",
 ]

@@ -128,6 +128,14 @@ class BenchmarkBase:
     def needs_model(self) -> bool:
         return True
 
+    def calls_in_flight(self) -> int | None:
+        """The most model calls this configuration makes at once (None: no bound): the
+        embedded server gets that many slots. A rollout benchmark's bound by default, and never
+        more than its rollouts (an unbounded run of 8 rollouts makes 8 calls at once at most)."""
+        bounds = [self.values.get("max_concurrent"), self.values.get("rollouts")]
+        ints = [b for b in bounds if isinstance(b, int) and not isinstance(b, bool)]
+        return min(ints) if ints else None
+
     # ------------------------------------------------------------------ lifecycle
 
     async def load(self, handle: PluginHandle) -> None:

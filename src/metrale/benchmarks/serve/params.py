@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 from metrale.benchmarks.serve.search import SearchResult
 from metrale.benchmarks.serve.slo import TierOutcome
 from metrale.errors import UsageError
-from metrale.plugin import ParamSpec
+from metrale.plugin import ParamSpec, max_tokens_param
 
 LEVELS_FILE = "levels.json"
 REQUESTS_FILE = "requests.jsonl"
@@ -112,8 +112,7 @@ def serve_parameters() -> list[ParamSpec]:
                   help="trace time scale: 2 replays twice as fast"),
         ParamSpec(name="cache_block", type="int", default=16, min=1, max=4096,
                   help="tokens per block of the ideal prefix cache (vLLM's block size)"),
-        ParamSpec(name="max_tokens", type="int", default=128, min=1, max=1_000_000,
-                  help="output token cap per request"),
+        max_tokens_param(128, "output token cap per request (a prompts file's own wins)"),
         ParamSpec(name="api", type="str", default="chat", choices=["chat", "completions"],
                   help="/chat/completions (messages) or /completions (a prompt string)"),
         ParamSpec(name="ignore_eos", type="bool", default=True,

@@ -215,11 +215,15 @@ class Tokenizer:
         self.available = False
 
     async def detect(self) -> bool:
-        """Find a working endpoint; its count of "" (BOS and the like) is subtracted later."""
+        """Find a working endpoint; its count of "" (BOS and the like) is subtracted later.
+
+        A candidate counts only when it finds tokens in a non-empty text: llama-server answers
+        a body in the wrong field (`prompt` for its `content`) with 200 and no tokens."""
         for path, field in self._candidates:
             with contextlib.suppress(HttpConnectionError, HttpProtocolError, TimeoutError):
-                n = await self._raw(path, field, "")
-                if n is not None:
+                probe = await self._raw(path, field, "hello world")
+                n = await self._raw(path, field, "") if probe else None
+                if probe is not None and n is not None and probe > n:
                     self._found, self._offset, self.available = (path, field), n, True
                     return True
         return False

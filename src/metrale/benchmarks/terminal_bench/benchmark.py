@@ -22,7 +22,14 @@ from typing import ClassVar
 from metrale.benchmarks.terminal_bench import prepare as once
 from metrale.benchmarks.terminal_bench.rollout import TaskRollout, TaskRun, task_runtime_config
 from metrale.fmt import duration_text, number_text
-from metrale.plugin import Descriptor, Metric, ParamSpec, PluginHandle, RunSummary
+from metrale.plugin import (
+    Descriptor,
+    Metric,
+    ParamSpec,
+    PluginHandle,
+    RunSummary,
+    max_tokens_param,
+)
 from metrale.rollout import RolloutBenchmark, RolloutRecord
 from metrale.runtime.base import Capability, RuntimeConfig
 
@@ -86,8 +93,7 @@ class TerminalBenchBenchmark(RolloutBenchmark):
     def extra_parameters(self) -> list[ParamSpec]:
         return [
             *once.extra_parameters(),
-            ParamSpec(name="max_tokens", type="int", default=4096, min=1, max=1_000_000,
-                      help="the model agent's completion token cap per chat call"),
+            max_tokens_param(4096, "the model agent's completion token cap per chat call"),
         ]  # fmt: skip
 
     def configured(self) -> None:

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Build llama.cpp's `llama-server` (the embedded default target) from the llama.cpp tree that
+# the pinned llama-cpp-python sdist vendors on PyPI, and install it beside the venv's python,
+# where metrale looks first (src/metrale/endpoint/local.py).
+#
+# Only the server target is built, with portable CPU flags: llama.cpp's native build can use
+# instructions that virtual machines advertise but do not enable, and the server then dies on
+# its first request. The binary is cached under a directory keyed by the version and the flags,
+# so a second setup (or a fresh venv on the same machine) copies it in a second; delete the
+# directory to rebuild. Needs cmake, a C++ compiler and pip (in the active venv).
+#   bash scripts/llama-server.sh            # build if not cached, install into the venv
+#   bash scripts/llama-server.sh --path     # only print where the cached binary is (or will be)
+set -euo pipefail
+
+VERSION=0.3.36  # llama-cpp-python's sdist on PyPI; its vendor/llama.cpp is the server we build
+FLAGS=(
+    -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF
+    -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON
+    -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF
+)
+key="$VERSION-$(printf '%s\n' "${FLAGS[@]}" | sha256sum | cut -c1-12)"
+cache="${METRALE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/metrale}/llama-server/$key"
+binary="$cache/llama-server"
+
+if [ "${1:-}" = "--path" ]; then
+    echo "$binary"
+    exit 0
+fi
+
+python=${PYTHON:-python}
+bindir=$("$python" -c 'import sys, os; print(os.path.dirname(sys.executable))')
+
+if ! "$binary" --version >/dev/null 2>&1; then
+    for tool in cmake c++; do
+        command -v "$tool" >/dev/null || {
+            echo "scripts/llama-server.sh: $tool is missing (apt-get install cmake g++)" >&2
+            exit 2
+        }
+    done
+    echo "building llama-server $key (about 10 minutes on 2 cores)..." >&2
+    started=$(date +%s)
+    work="$cache/work"
+    rm -rf "$work"
+    mkdir -p "$work"
+    "$python" -m pip download -q --no-binary :all: --no-deps \
+        "llama-cpp-python==$VERSION" -d "$work"
+    tar -xzf "$work/llama_cpp_python-$VERSION.tar.gz" -C "$work" \
+        "llama_cpp_python-$VERSION/vendor/llama.cpp"
+    src="$work/llama_cpp_python-$VERSION/vendor/llama.cpp"
+    generator=()
+    command -v ninja >/dev/null && generator=(-G Ninja)
+    cmake -S "$src" -B "$work/build" "${generator[@]}" "${FLAGS[@]}" >"$work/cmake.log" 2>&1 || {
+        tail -20 "$work/cmake.log" >&2
+        exit 1
+    }
+    cmake --build "$work/build" --target llama-server -j "$(nproc)" >"$work/build.log" 2>&1 || {
+        tail -40 "$work/build.log" >&2
+        exit 1
+    }
+    install -m 755 "$work/build/bin/llama-server" "$binary.tmp"
+    mv "$binary.tmp" "$binary"
+    rm -rf "$work"
+    echo "built $binary in $(($(date +%s) - started)) s" >&2
+fi
+install -m 755 "$binary" "$bindir/llama-server"
+echo "$bindir/llama-server"
