@@ -56,6 +56,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from metrale.runtime import bwrap_setup
 from metrale.runtime.base import (
     ProgramResult,
     RuntimeBase,
@@ -76,7 +77,6 @@ from metrale.runtime.bwrap_setup import (
     SPAWN_ENV,
     WORKDIR_PREFIX,
     as_uid,
-    check_bwrap,
     hand_over,
     leftover_cgroups,
     leftover_workdirs,
@@ -89,6 +89,7 @@ from metrale.runtime.bwrap_watchdog import ensure_watchdog, owner_prefix
 from metrale.runtime.cgroups import SandboxCgroup
 from metrale.runtime.procs import host_tool, killpg, run_process, spawned
 from metrale.runtime.sandbox_proc import SandboxProcess, close_all
+from metrale.runtime.spawn import PIPE, Child, read_line, read_some, spawn
 
 if TYPE_CHECKING:  # its config, for types only: configs creates this runtime
     from metrale.runtime.configs import BwrapConfig
@@ -109,6 +110,22 @@ _READ_REGULAR = '[ -f "$0" ] || { echo "not a regular file" >&2; exit 1; }; exec
 _Binds = list[tuple[str, str, bool]]
 
 
+def check_bwrap(config: BwrapConfig | None = None) -> None:
+    """`bwrap_setup.check_bwrap` (UsageError when this host cannot give the sandbox), then
+    what every start of this process shares, made now, before the first rollout's clock runs:
+    the SIGKILL watchdog and, without an image root, the `/etc` copy. Made by the first start
+    instead, the copy (~700 entries, ~1 s on a loaded disk) held that start and every start
+    queued behind its lock in the worker threads. A copy that cannot be made here is left to
+    the first start, which fails with the reason."""
+    bwrap_setup.check_bwrap(config)
+    if config is not None and config.root is not None:
+        return
+    tmp = sandbox_tmpdir()
+    ensure_watchdog(tmp, WORKDIR_PREFIX)
+    with contextlib.suppress(OSError):
+        etc_view(tmp, owner_prefix(WORKDIR_PREFIX))
+
+
 def _tmpfs(path: str, size_mb: int | None) -> list[str]:
     size = ["--size", str(size_mb << 20)] if size_mb else []
     return [*size, "--tmpfs", path]
@@ -127,7 +144,7 @@ class BwrapRuntime(RuntimeBase):
             self.host_uid, self.host_gid = os.geteuid(), os.getegid()
         self.sandbox_pid: int | None = None
         self._sandbox: SandboxProcess | None = None
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: Child | None = None
         #: one set per command in flight, holding its process group id while it runs
         self._running: list[set[int]] = []
         self._stopped = False
@@ -182,24 +199,35 @@ class BwrapRuntime(RuntimeBase):
 
     def _prepare(self, tmp: str) -> tuple[_Binds, list[tuple[str, str]], str | None, str | None]:
         """Blocking, in a worker thread (each mkdir here cost the event loop ~0.4 ms at 512
-        starts): the workdir (filled from `seed`) and writable binds handed to the sandbox's
-        uid, (as root) a staging path per bind and for the image root, and the `/etc` copy.
-        Returns bwrap's binds, root's staging pairs, where bwrap reaches the image root and
-        the `/etc` to bind.
+        starts, a memory cgroup's ~2 ms): the workdir (filled from `seed`) and writable binds
+        handed to the sandbox's uid, (as root) a staging path per bind and for the image root,
+        the `/etc` copy, and the sandbox's cgroup. Returns bwrap's binds, root's staging pairs,
+        where bwrap reaches the image root and the `/etc` to bind.
 
         A start cancelled meanwhile runs `_finish` at once, while this thread may still be
-        at work: the workdir is made under `_finish_lock` only if `_finish` has not run, and
-        anything made after `_finish` removed it is removed again here, at the end."""
+        at work: the workdir is made under `_finish_lock` only if `_finish` has not run, the
+        cgroup is handed over under it, and anything made after `_finish` removed what it knew
+        of is removed again here, at the end."""
         with self._finish_lock:
             if self._finished:
                 raise RuntimeStartError("the start was cancelled")
             self.workdir = Path(tempfile.mkdtemp(prefix=owner_prefix(WORKDIR_PREFIX), dir=tmp))
+        cgroup = None
         try:
-            return self._fill(tmp)
+            prepared = self._fill(tmp)
+            limits = self.config.limits
+            cgroup = SandboxCgroup.create(
+                self.workdir.name, max_pids=limits.max_procs, memory_mb=limits.memory_mb
+            )
+            with self._finish_lock:
+                self._cgroup = cgroup
+            return prepared
         finally:
             with self._finish_lock:
                 if self._finished:
                     shutil.rmtree(self.workdir, ignore_errors=True)
+                    if cgroup is not None:
+                        cgroup.remove()
 
     def _fill(self, tmp: str) -> tuple[_Binds, list[tuple[str, str]], str | None, str | None]:
         assert self.workdir is not None
@@ -273,6 +301,8 @@ class BwrapRuntime(RuntimeBase):
             self._stopped = True
             self._kill()
             self._finish()
+            if self._proc is not None:
+                self._proc.close_pipes()
             raise
 
     async def _start(self) -> None:
@@ -284,14 +314,13 @@ class BwrapRuntime(RuntimeBase):
             raise RuntimeStartError(f"cannot prepare the sandbox's directories: {exc}") from exc
         binds, staging, root, etc = prepared
         assert self.workdir is not None
-        limits = self.config.limits
-        # in this thread, not a worker: a start cancelled while a worker made the cgroup would
-        # never learn of it, and the cgroup would outlive the run (a few mkdirs and writes)
-        self._cgroup = SandboxCgroup.create(
-            self.workdir.name, max_pids=limits.max_procs, memory_mb=limits.memory_mb
-        )
         read_fd, write_fd = os.pipe()
-        argv = self.bwrap_argv(write_fd, binds, root, etc)
+        try:
+            argv = self.bwrap_argv(write_fd, binds, root, etc)
+        except BaseException:  # e.g. an image root gone since it was checked
+            os.close(read_fd)
+            os.close(write_fd)
+            raise
         # every step execs in place (metrale stays the parent) and the last checks that it
         # still is, after the death signal is armed: no preexec_fn, so no fork() on the loop
         uid = self.host_uid if privileged() else None
@@ -300,40 +329,20 @@ class BwrapRuntime(RuntimeBase):
             argv = self._cgroup.wrap(argv)
         try:
             self._proc = await spawned(
-                asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                    pass_fds=(write_fd,),
-                    start_new_session=True,
-                    env=SPAWN_ENV,
-                    cwd="/",  # a shell on the way would put metrale's cwd into PWD
-                ),
+                spawn(argv, env=SPAWN_ENV, cwd="/", stdin=PIPE, pass_fds=(write_fd,)),
                 lambda proc: proc.pid,
                 lambda proc: setattr(self, "_proc", proc),  # so that stop() tears it down
-            )
+            )  # cwd "/": a shell on the way would put metrale's cwd into PWD
         except OSError as exc:
             os.close(read_fd)
             raise RuntimeStartError(f"cannot run bwrap: {exc}") from exc
         finally:
             os.close(write_fd)
-        assert self._proc.stdin is not None
-        self._proc.stdin.write(b"ready\n")
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader()
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", 0)
-        )
-        ready = b""
-        try:
-            line = await asyncio.wait_for(reader.readline(), READY_TIMEOUT_S)
-            assert self._proc.stdout is not None
-            ready = await asyncio.wait_for(self._proc.stdout.readline(), READY_TIMEOUT_S)
-        except TimeoutError:
-            line = b""
-        finally:
-            transport.close()
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        os.write(self._proc.stdin.fileno(), b"ready\n")  # 6 bytes into an empty pipe
+        status = os.fdopen(read_fd, "rb", 0)
+        line = await read_line(status, READY_TIMEOUT_S)
+        ready = await read_line(self._proc.stdout, READY_TIMEOUT_S) if line else b""
         try:
             pid: int | None = int(json.loads(line)["child-pid"])
         except (ValueError, KeyError, TypeError):
@@ -352,8 +361,7 @@ class BwrapRuntime(RuntimeBase):
         killpg(self._proc.pid)
         stderr = b""
         if self._proc.stderr is not None:
-            with contextlib.suppress(TimeoutError):
-                stderr = await asyncio.wait_for(self._proc.stderr.read(4096), 5)
+            stderr = await read_some(self._proc.stderr, 4096, 5)
         text = stderr.decode(errors="replace").strip()
         return text.splitlines()[-1] if text else f"exit {self._proc.returncode}"
 
@@ -547,6 +555,4 @@ class BwrapRuntime(RuntimeBase):
             except Exception as exc:  # killed above: only a stuck reaper is left to wait for
                 logger.warning("bwrap pid %d: no exit status 5 s after its kill: %r",
                                self._proc.pid, exc)  # fmt: skip
-            transport = getattr(self._proc, "_transport", None)
-            if transport is not None:
-                transport.close()
+            self._proc.close_pipes()

@@ -21,12 +21,13 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import ClassVar, TypeVar, cast
+from typing import ClassVar, TypeVar
 
 from pydantic import BaseModel, Field
 
 from metrale.bounds import CPU_S, FILE_SIZE_MB, MAX_PROCS, MEMORY_MB, pydantic_range
 from metrale.runtime.base import ProgramResult
+from metrale.runtime.spawn import DEVNULL, PIPE, spawn
 
 T = TypeVar("T")
 
@@ -153,28 +154,23 @@ class CappedBuffer:
         return (bytes(self.head) + tail).decode("utf-8", "replace")
 
 
-class _CappedProtocol(asyncio.SubprocessProtocol):
-    """Collects stdout/stderr into capped buffers and reports the exit as soon as it happens
-    (asyncio's `Process.wait()` also waits for the pipes, which a background child may hold)."""
+class _Capture(asyncio.Protocol):
+    """Collects one pipe of a child into a capped buffer; `closed` completes at its EOF."""
 
-    def __init__(self, cap: int) -> None:
-        loop = asyncio.get_running_loop()
-        self.out, self.err = CappedBuffer(cap), CappedBuffer(cap)
-        self.exited: asyncio.Future[None] = loop.create_future()
-        self.pipes_closed: asyncio.Future[None] = loop.create_future()
-        self._open = {1, 2}
+    def __init__(self, buffer: CappedBuffer) -> None:
+        self.buffer = buffer
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
-        (self.out if fd == 1 else self.err).add(data)
+    def data_received(self, data: bytes) -> None:
+        self.buffer.add(data)
 
-    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        self._open.discard(fd)
-        if not self._open and not self.pipes_closed.done():
-            self.pipes_closed.set_result(None)
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
 
-    def process_exited(self) -> None:
-        if not self.exited.done():
-            self.exited.set_result(None)
+
+def _returning(protocol: _Capture) -> Callable[[], _Capture]:
+    return lambda: protocol
 
 
 def killpg(pgid: int) -> None:
@@ -225,55 +221,58 @@ async def run_process(
     """
     started = time.perf_counter()
     loop = asyncio.get_running_loop()
-    transport, protocol = await spawned(
-        loop.subprocess_exec(
-            lambda: _CappedProtocol(cap),
-            *argv,
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=dict(env),
-            cwd=cwd,
-            start_new_session=True,
-            pass_fds=tuple(pass_fds),
+    child = await spawned(
+        spawn(
+            argv, env=env, cwd=cwd, stdin=PIPE if stdin is not None else DEVNULL,
+            pass_fds=pass_fds,
         ),
-        lambda made: made[0].get_pid(),
-        lambda made: made[0].close(),
-    )
-    pid = transport.get_pid()
+        lambda made: made.pid,
+        lambda made: made.close_pipes(),
+    )  # fmt: skip
+    pid = child.pid
     if sessions is not None:
         sessions.add(pid)
-    if stdin is not None:
-        pipe = cast("asyncio.WriteTransport | None", transport.get_pipe_transport(0))  # stdin
-        if pipe is not None:
-            with contextlib.suppress(OSError):
-                pipe.write(stdin)
-                pipe.write_eof()
+    out, err = CappedBuffer(cap), CappedBuffer(cap)
+    transports: list[asyncio.BaseTransport] = []
     timed_out = False
     try:
+        captures = []
+        for pipe, buffer in ((child.stdout, out), (child.stderr, err)):
+            capture = _Capture(buffer)
+            reading, _ = await loop.connect_read_pipe(_returning(capture), pipe)
+            transports.append(reading)
+            captures.append(capture.closed)
+        if stdin is not None and child.stdin is not None:
+            writing, _ = await loop.connect_write_pipe(asyncio.Protocol, child.stdin)
+            transports.append(writing)
+            with contextlib.suppress(OSError):
+                writing.write(stdin)
+                writing.write_eof()
         try:
-            await asyncio.wait_for(asyncio.shield(protocol.exited), timeout)
+            await asyncio.wait_for(child.wait(), timeout)
         except TimeoutError:
             timed_out = True
             killpg(pid)
-            await protocol.exited
+            await child.wait()
         # background children may still hold the pipes: take what is there, then let go
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(protocol.pipes_closed), PIPE_GRACE_S)
+            await asyncio.wait_for(asyncio.shield(asyncio.gather(*captures)), PIPE_GRACE_S)
     except BaseException:
         killpg(pid)
-        transport.close()
         raise
-    code = transport.get_returncode()
-    transport.close()
+    finally:
+        for transport in transports:
+            transport.close()
+        child.close_pipes()
+    code = child.returncode
     return ProgramResult(
         exit_code=124 if timed_out else (code if code is not None else -1),
-        stdout=protocol.out.text(),
-        stderr=protocol.err.text(),
+        stdout=out.text(),
+        stderr=err.text(),
         timed_out=timed_out,
         duration_s=time.perf_counter() - started,
-        stdout_dropped=protocol.out.dropped,
-        stderr_dropped=protocol.err.dropped,
+        stdout_dropped=out.dropped,
+        stderr_dropped=err.dropped,
     )
 
 
