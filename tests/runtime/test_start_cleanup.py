@@ -207,14 +207,14 @@ def test_a_bwrap_start_cancelled_at_each_step_leaves_nothing_without_a_stop(
             return out
 
         monkeypatch.setattr(bwrap_module.BwrapRuntime, "_fill", fill)
-    elif after == "cgroup":
-        real_wrap = SandboxCgroup.wrap
+    elif after == "cgroup":  # moved into it on a spawner thread, while its shell waits
+        real_enter = SandboxCgroup.enter
 
-        def wrap(self: SandboxCgroup, argv: Any) -> list[str]:
-            reached.set()
-            return real_wrap(self, argv)
+        def enter(self: SandboxCgroup, pid: int) -> None:
+            real_enter(self, pid)
+            where["loop"].call_soon_threadsafe(reached.set)
 
-        monkeypatch.setattr(SandboxCgroup, "wrap", wrap)
+        monkeypatch.setattr(SandboxCgroup, "enter", enter)
     else:  # bwrap runs; the start waits for its readiness line
         spy = bwrap_module.spawned
 

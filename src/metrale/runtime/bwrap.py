@@ -68,6 +68,7 @@ from metrale.runtime.beneath import SymlinkInPath, read_beneath, write_beneath
 from metrale.runtime.bwrap_etc import etc_view
 from metrale.runtime.bwrap_seed import SeedError, copy_seed, open_in_root
 from metrale.runtime.bwrap_setup import (
+    GO,
     HOST_UID_BASE,
     HOST_UID_RANGE,
     READY_COMMAND,
@@ -77,6 +78,7 @@ from metrale.runtime.bwrap_setup import (
     SPAWN_ENV,
     WORKDIR_PREFIX,
     as_uid,
+    gate_argv,
     hand_over,
     leftover_cgroups,
     leftover_workdirs,
@@ -325,11 +327,19 @@ class BwrapRuntime(RuntimeBase):
         # still is, after the death signal is armed: no preexec_fn, so no fork() on the loop
         uid = self.host_uid if privileged() else None
         argv = [*stage_argv(staging), *as_uid(uid, os.getpid()), *argv]
-        if self._cgroup is not None:
-            argv = self._cgroup.wrap(argv)
+        # moved into its cgroups by the spawner while the shell after setpriv waits at its gate
+        enter = self._cgroup.enter if self._cgroup is not None else None
         try:
             self._proc = await spawned(
-                spawn(argv, env=SPAWN_ENV, cwd="/", stdin=PIPE, pass_fds=(write_fd,)),
+                spawn(
+                    argv,
+                    env=SPAWN_ENV,
+                    cwd="/",
+                    stdin=PIPE,
+                    pass_fds=(write_fd,),
+                    before_go=enter,
+                    go=GO,
+                ),
                 lambda proc: proc.pid,
                 lambda proc: setattr(self, "_proc", proc),  # so that stop() tears it down
             )  # cwd "/": a shell on the way would put metrale's cwd into PWD
@@ -366,13 +376,14 @@ class BwrapRuntime(RuntimeBase):
         return text.splitlines()[-1] if text else f"exit {self._proc.returncode}"
 
     def _enter(
-        self, argv: Sequence[str], cwd: str | None, env: Mapping[str, str]
+        self, argv: Sequence[str], cwd: str | None, env: Mapping[str, str], *, stdin: bool
     ) -> tuple[list[str], list[int]]:
         """The host argv that runs `argv` inside with exactly `env`, and the fds it must be
-        given. The host-side steps (the cgroup's `sh`, `prlimit`, `nsenter`) are absolute
-        paths run with `SPAWN_ENV`; `env` is set by `env -i` only once inside, so nothing of an
-        image's or a command's environment (`PATH`, `LD_PRELOAD`, `LD_DEBUG_OUTPUT`, ...) acts
-        on a host process. nsenter finds `env` in the sandbox's own root."""
+        given. The host-side steps (the gate's `sh`, `nsenter`) are absolute paths run with
+        `SPAWN_ENV` (cgroups and limits are set on the waiting shell: `_before_command`); `env`
+        is set by `env -i` only once inside, so nothing of an image's or a command's
+        environment (`PATH`, `LD_PRELOAD`, `LD_DEBUG_OUTPUT`, ...) acts on a host process.
+        nsenter finds `env` in the sandbox's own root."""
         if self._sandbox is None or self._stopped:
             raise RuntimeError("bwrap runtime is not started")
         fds = self._sandbox.open_entry()  # SandboxLostError when it is gone
@@ -380,10 +391,15 @@ class BwrapRuntime(RuntimeBase):
             argv = ["sh", "-c", 'cd -- "$0" && exec "$@"', cwd, *argv]
         assignments = [f"{k}={v}" for k, v in env.items() if k and "=" not in k]
         argv = ["env", "-i", "--", *assignments, *argv]
-        enter = self._cgroup.wrap([]) if self._cgroup is not None else []
-        limits = self.config.limits.prlimit_argv(address_space=not self.bounds["memory"])
         nsenter = SandboxProcess.nsenter_argv(fds, SANDBOX_UID, SANDBOX_UID)
-        return [*enter, *limits, *nsenter, *argv], fds
+        return [*gate_argv(stdin=stdin), *nsenter, *argv], fds
+
+    def _before_command(self, pid: int) -> None:
+        """On the spawner thread, while the command's host shell waits at its gate: into the
+        sandbox's cgroups, under its limits (RLIMIT_AS only where no memory cgroup bounds it)."""
+        if self._cgroup is not None:
+            self._cgroup.enter(pid)
+        self.config.limits.apply(pid, address_space=not self.bounds["memory"])
 
     def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         env = {
@@ -410,7 +426,7 @@ class BwrapRuntime(RuntimeBase):
         running: set[int] = set()
         self._running.append(running)
         try:
-            command, fds = self._enter(argv, cwd, self._env(env))
+            command, fds = self._enter(argv, cwd, self._env(env), stdin=stdin is not None)
             try:
                 result = await run_process(
                     command,
@@ -421,6 +437,8 @@ class BwrapRuntime(RuntimeBase):
                     stdin=stdin,
                     sessions=running,
                     pass_fds=fds,
+                    before_go=self._before_command,
+                    go=GO,
                 )
             finally:
                 close_all(fds)

@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import functools
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -105,6 +106,21 @@ class Limits(BaseModel):
     memory_mb: int | None = Field(default=8192, **pydantic_range(MEMORY_MB))
     max_procs: int | None = Field(default=256, **pydantic_range(MAX_PROCS))
     file_size_mb: int | None = Field(default=1024, **pydantic_range(FILE_SIZE_MB))
+
+    def apply(self, pid: int, *, address_space: bool = True) -> None:
+        """Blocking: set these limits (soft and hard) on process `pid`, as `prlimit_argv` would
+        on itself, for a process that waits for them before it runs anything (`spawn`'s
+        `before_go`). OSError when the host refuses."""
+        memory = self.memory_mb if address_space else None
+        wanted = [
+            (resource.RLIMIT_CPU, self.cpu_s),
+            (resource.RLIMIT_AS, memory << 20 if memory is not None else None),
+            (resource.RLIMIT_NPROC, self.max_procs),
+            (resource.RLIMIT_FSIZE, self.file_size_mb << 20 if self.file_size_mb else None),
+        ]
+        for which, value in wanted:
+            if value is not None:
+                resource.prlimit(pid, which, (value, value))
 
     def prlimit_argv(self, *, address_space: bool = True) -> list[str]:
         """`prlimit --cpu=.. --as=.. -- ` (empty when no limit is set); without
@@ -213,18 +229,21 @@ async def run_process(
     stdin: bytes | None = None,
     sessions: set[int] | None = None,
     pass_fds: Sequence[int] = (),
+    before_go: Callable[[int], None] | None = None,
+    go: bytes = b"",
 ) -> ProgramResult:
     """Run `argv` in its own session; on timeout or cancellation kill its whole process group.
 
     The pid (= session id = pgid) is added to `sessions` while it may have members, so a
-    runtime's `stop()` can kill what is left of it. Exit code 124 means timed out.
+    runtime's `stop()` can kill what is left of it. Exit code 124 means timed out. `before_go`
+    and `go`: see `spawn` (`go` comes first on the command's stdin, then `stdin` or EOF).
     """
     started = time.perf_counter()
     loop = asyncio.get_running_loop()
     child = await spawned(
         spawn(
-            argv, env=env, cwd=cwd, stdin=PIPE if stdin is not None else DEVNULL,
-            pass_fds=pass_fds,
+            argv, env=env, cwd=cwd, stdin=PIPE if stdin is not None or go else DEVNULL,
+            pass_fds=pass_fds, before_go=before_go, go=go,
         ),
         lambda made: made.pid,
         lambda made: made.close_pipes(),
@@ -248,6 +267,8 @@ async def run_process(
             with contextlib.suppress(OSError):
                 writing.write(stdin)
                 writing.write_eof()
+        elif child.stdin is not None:  # only `go` was for it: then EOF, as from /dev/null
+            child.stdin.close()
         try:
             await asyncio.wait_for(child.wait(), timeout)
         except TimeoutError:

@@ -7,11 +7,11 @@ run, a quarter of it inside `Popen._execute_child`: the loop, not the cores, set
 spawn releases the GIL while it waits, so a thread of its own makes it beside the loop, on the
 other core.
 
-One thread, alive as long as the process, not a pool: the parent-death signal a sandbox arms
-(`setpriv --pdeathsig KILL`) fires when the *thread* that forked it exits, so a worker thread
-that ended would take its sandboxes with it. That thread only spawns; everything else about a
-child (its pipes, its exit, reaping it) happens on the loop, through a pidfd taken in the
-spawner right after the spawn, before anything could reap the child.
+A few threads that live as long as the process, not a pool that grows and shrinks: the
+parent-death signal a sandbox arms (`setpriv --pdeathsig KILL`) fires when the *thread* that
+forked it exits, so a worker thread that ended would take its sandboxes with it. They only
+spawn; everything else about a child (its pipes, its exit, reaping it) happens on the loop,
+through a pidfd taken right after the spawn, before anything could reap the child.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import os
 import queue
+import signal
 import subprocess
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -27,6 +28,9 @@ from typing import IO, ClassVar
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
+#: Spawns in flight at once: each waits mostly for its child's first `exec`, so a few threads
+#: overlap those waits (one thread was busy half of a 512-sandbox run, spawns queueing ~10 ms).
+SPAWNER_THREADS = 4
 
 
 class Child:
@@ -79,16 +83,17 @@ class Child:
 
 
 class _Spawner:
-    """The process's spawner thread and its queue of spawns, made on first use (per pid: a
-    forked child makes its own). Process-wide by nature, like the watchdogs."""
+    """The process's spawner threads and their one queue of spawns, made on first use (per
+    pid: a forked child makes its own). Process-wide by nature, like the watchdogs."""
 
     started: ClassVar[dict[int, _Spawner]] = {}
     lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self) -> None:
         self.jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        thread = threading.Thread(target=self._serve, name="metrale-spawner", daemon=True)
-        thread.start()
+        for i in range(SPAWNER_THREADS):
+            name = f"metrale-spawner-{i}"
+            threading.Thread(target=self._serve, name=name, daemon=True).start()
 
     def _serve(self) -> None:
         while True:  # never returns: see the module docstring
@@ -110,10 +115,18 @@ async def spawn(
     cwd: str | None,
     stdin: int,
     pass_fds: Sequence[int] = (),
+    before_go: Callable[[int], None] | None = None,
+    go: bytes = b"",
 ) -> Child:
-    """Start `argv` in a session of its own (stdout and stderr piped) on the spawner thread.
+    """Start `argv` in a session of its own (stdout and stderr piped) on a spawner thread.
     OSError when it cannot be started. Await it to its end even when cancelled (`spawned`):
-    a child made after its caller left would have no one to stop it."""
+    a child made after its caller left would have no one to stop it.
+
+    `before_go(pid)` runs on the spawner thread once the child has exec'd its first program,
+    then `go` is written to its stdin (a pipe): a first program that waits for that line
+    (`read`) lets the spawner move it into its cgroups and set its limits from here, with no
+    process of its own for each step. When `before_go` raises, the child's group is killed and
+    reaped, and the error is the caller's."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[tuple[subprocess.Popen[bytes], int]] = loop.create_future()
 
@@ -128,24 +141,53 @@ async def spawn(
     def job() -> None:
         result: tuple[subprocess.Popen[bytes], int] | BaseException
         try:
-            popen = subprocess.Popen(
-                list(argv), stdin=stdin, stdout=PIPE, stderr=PIPE, env=dict(env), cwd=cwd,
-                start_new_session=True, pass_fds=tuple(pass_fds),
-            )  # fmt: skip
-            result = (popen, os.pidfd_open(popen.pid))
+            result = _start(argv, env, cwd, stdin, pass_fds, before_go, go)
         except BaseException as exc:  # handed to the caller, whatever it is
             result = exc
         try:
             loop.call_soon_threadsafe(deliver, result)
         except RuntimeError:  # the loop closed meanwhile: nobody will stop it, so do it here
             if not isinstance(result, BaseException):
-                with contextlib.suppress(OSError):
-                    os.killpg(result[0].pid, 9)
-                result[0].wait()
+                _kill(result[0])
 
     _Spawner.get().jobs.put(job)
     popen, pidfd = await done
     return Child(popen, pidfd)
+
+
+def _start(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str | None,
+    stdin: int,
+    pass_fds: Sequence[int],
+    before_go: Callable[[int], None] | None,
+    go: bytes,
+) -> tuple[subprocess.Popen[bytes], int]:
+    popen = subprocess.Popen(
+        list(argv), stdin=stdin, stdout=PIPE, stderr=PIPE, env=dict(env), cwd=cwd,
+        start_new_session=True, pass_fds=tuple(pass_fds),
+    )  # fmt: skip
+    try:
+        pidfd = os.pidfd_open(popen.pid)
+        if before_go is not None:
+            before_go(popen.pid)
+        if go:
+            assert popen.stdin is not None
+            os.write(popen.stdin.fileno(), go)  # a line into an empty pipe: never blocks
+    except BaseException:
+        _kill(popen)
+        raise
+    return popen, pidfd
+
+
+def _kill(popen: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(popen.pid, signal.SIGKILL)
+    popen.wait()
+    for pipe in (popen.stdin, popen.stdout, popen.stderr):
+        if pipe is not None:
+            pipe.close()
 
 
 async def read_line(pipe: IO[bytes], timeout: float) -> bytes:
