@@ -10,6 +10,7 @@ close, since a background child (`server &`) may hold them for the sandbox's lif
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import ctypes
 import functools
@@ -374,20 +375,38 @@ class _Watchdogs:
     started: ClassVar[dict[tuple[object, ...], subprocess.Popen[bytes]]] = {}
 
 
+#: What a watchdog reads on its stdin once its owner is gone when the owner exited normally
+#: (every sandbox stopped by then): it sweeps once and exits, instead of staying for the later
+#: sweeps a SIGKILL needs (a start in flight at the kill). After a SIGKILL it reads EOF.
+CLEAN_EXIT = b"clean\n"
+
+
 def ensure_watchdog(key: tuple[object, ...], program: str, args: Sequence[str],
                     env: Mapping[str, str]) -> None:  # fmt: skip
     """Start `python -c program ARGS` once per (this process, `key`): a process that waits for
     this one to die, then removes what it left. Its own session, so that a Ctrl-C of metrale's
-    process group does not take it down first."""
+    process group does not take it down first. Its stdin is a pipe that gets `CLEAN_EXIT` at
+    this process's normal exit."""
     full = (os.getpid(), *key)
     if full in _Watchdogs.started:
         return
+    if not any(k[0] == os.getpid() for k in _Watchdogs.started):
+        atexit.register(_exit_cleanly)
     _Watchdogs.started[full] = subprocess.Popen(
         [sys.executable, "-c", program, *args],
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
         env=dict(env),
         cwd="/",
     )
+
+
+def _exit_cleanly() -> None:
+    """At a normal exit: tell this process's watchdogs (see `CLEAN_EXIT`)."""
+    for key, watchdog in _Watchdogs.started.items():
+        if key[0] == os.getpid() and watchdog.stdin is not None:
+            with contextlib.suppress(OSError):
+                watchdog.stdin.write(CLEAN_EXIT)
+                watchdog.stdin.close()
