@@ -71,8 +71,9 @@ def left_behind(pid: int) -> dict[str, int]:
     dirs = {p for d in {tempfile.gettempdir(), "/tmp"} for p in Path(d).glob(f"{mark}*")}
     groups = 0
     for root in ("pids", "memory", "unified"):
-        base = Path("/sys/fs/cgroup") / root
-        groups += sum(1 for _ in base.rglob(f"{mark}*")) if base.is_dir() else 0
+        # os.walk skips what vanishes under it: other runs' cgroups come and go meanwhile
+        for _, names, _ in os.walk(Path("/sys/fs/cgroup") / root):
+            groups += sum(1 for name in names if name.startswith(mark))
     return {"procs_left": procs, "dirs_left": len(dirs), "cgroups_left": groups}
 
 

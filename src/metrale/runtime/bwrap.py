@@ -11,7 +11,7 @@ from inside means ready.
 What holds, and how:
 
 - **No secret of metrale's environment inside, nothing of a command's outside.** bwrap (the
-  sandbox's PID 1 is a fork of it) and every host-side wrapper (`sh`, `prlimit`, `nsenter`,
+  sandbox's PID 1 is a fork of it) and every host-side wrapper (the gate `sh`, `nsenter`,
   `setpriv`, `unshare`) are absolute paths from `TRUSTED_PATH` started with `SPAWN_ENV` only;
   commands get `_env()` plus the config's `env` (`--env`, an image's `ENV`) and the call's,
   set by `env -i` inside the sandbox. Nothing else of metrale's is in any process inside, and
@@ -37,7 +37,9 @@ What holds, and how:
   finishes waiting, cgroup removal and rmtree even when the awaiting task is cancelled.
 
 Each `run()` enters those namespaces with `nsenter` as uid 1000 of the sandbox's user namespace,
-under `prlimit` limits, so a server started by one command is reachable on loopback by the next.
+in the sandbox's cgroups and under its rlimits (both set on the host shell while it waits at
+its gate, `bwrap_setup.GATE`), so a server started by one command is reachable on loopback by
+the next.
 """
 
 from __future__ import annotations
