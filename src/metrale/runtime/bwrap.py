@@ -130,6 +130,11 @@ def check_bwrap(config: BwrapConfig | None = None) -> None:
         etc_view(tmp, owner_prefix(WORKDIR_PREFIX))
 
 
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 def _tmpfs(path: str, size_mb: int | None) -> list[str]:
     size = ["--size", str(size_mb << 20)] if size_mb else []
     return [*size, "--tmpfs", path]
@@ -556,6 +561,24 @@ class BwrapRuntime(RuntimeBase):
                 shutil.rmtree(self.workdir, ignore_errors=True)
             self._finished = True
 
+    async def _tear_down(self) -> None:
+        """The sandbox's death awaited on the loop, through its pidfd, then `_finish` in a worker
+        thread: a thread blocked on each death held one of the few workers that the next
+        sandboxes' starts wait for (stops took ~20 ms each at 512 rollouts)."""
+        sandbox = self._sandbox
+        if sandbox is not None and sandbox.pidfd >= 0:
+            loop = asyncio.get_running_loop()
+            gone: asyncio.Future[None] = loop.create_future()
+            fd = os.dup(sandbox.pidfd)  # its own fd: `_finish` may close the pidfd meanwhile
+            loop.add_reader(fd, _settle, gone)
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(gone, STOP_WAIT_S)
+            finally:
+                loop.remove_reader(fd)
+                os.close(fd)
+        await asyncio.to_thread(self._finish)
+
     async def stop(self) -> None:
         """Idempotent. The kill is synchronous; the rest runs in a thread that no
         cancellation stops, and a cancelled stop() finishes it synchronously before it
@@ -563,7 +586,7 @@ class BwrapRuntime(RuntimeBase):
         if self._teardown is None:
             self._stopped = True
             self._kill()
-            self._teardown = asyncio.ensure_future(asyncio.to_thread(self._finish))
+            self._teardown = asyncio.ensure_future(self._tear_down())
         try:
             await asyncio.shield(self._teardown)
         except asyncio.CancelledError:
