@@ -11,7 +11,7 @@ from inside means ready.
 What holds, and how:
 
 - **No secret of metrale's environment inside, nothing of a command's outside.** bwrap (the
-  sandbox's PID 1 is a fork of it) and every host-side wrapper (`sh`, `prlimit`, `nsenter`,
+  sandbox's PID 1 is a fork of it) and every host-side wrapper (the gate `sh`, `nsenter`,
   `setpriv`, `unshare`) are absolute paths from `TRUSTED_PATH` started with `SPAWN_ENV` only;
   commands get `_env()` plus the config's `env` (`--env`, an image's `ENV`) and the call's,
   set by `env -i` inside the sandbox. Nothing else of metrale's is in any process inside, and
@@ -37,7 +37,9 @@ What holds, and how:
   finishes waiting, cgroup removal and rmtree even when the awaiting task is cancelled.
 
 Each `run()` enters those namespaces with `nsenter` as uid 1000 of the sandbox's user namespace,
-under `prlimit` limits, so a server started by one command is reachable on loopback by the next.
+in the sandbox's cgroups and under its rlimits (both set on the host shell while it waits at
+its gate, `bwrap_setup.GATE`), so a server started by one command is reachable on loopback by
+the next.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from pydantic import BaseModel, Field
 
 from metrale.bounds import FILE_SIZE_MB, TMPFS_MB, pydantic_range
 from metrale.errors import UsageError
+from metrale.runtime import bwrap_setup
 from metrale.runtime.base import (
     Capability,
     CleanupReport,
@@ -76,6 +79,7 @@ from metrale.runtime.beneath import SymlinkInPath, read_beneath, write_beneath
 from metrale.runtime.bwrap_etc import etc_view
 from metrale.runtime.bwrap_seed import SeedError, copy_seed, open_in_root
 from metrale.runtime.bwrap_setup import (
+    GO,
     HOST_UID_BASE,
     HOST_UID_RANGE,
     READY_COMMAND,
@@ -85,7 +89,7 @@ from metrale.runtime.bwrap_setup import (
     SPAWN_ENV,
     WORKDIR_PREFIX,
     as_uid,
-    check_bwrap,
+    gate_argv,
     hand_over,
     leftover_cgroups,
     leftover_workdirs,
@@ -98,6 +102,7 @@ from metrale.runtime.bwrap_watchdog import ensure_watchdog, owner_prefix
 from metrale.runtime.cgroups import SandboxCgroup
 from metrale.runtime.procs import Limits, host_tool, killpg, run_process, spawned
 from metrale.runtime.sandbox_proc import SandboxProcess, close_all
+from metrale.runtime.spawn import PIPE, Child, read_line, read_some, spawn
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +118,27 @@ READ_CAP_BYTES = 1 << 30
 READ_TIMEOUT_S = 300.0
 _READ_REGULAR = '[ -f "$0" ] || { echo "not a regular file" >&2; exit 1; }; exec cat -- "$0"'
 _Binds = list[tuple[str, str, bool]]
+
+
+def check_bwrap(config: BwrapConfig | None = None) -> None:
+    """`bwrap_setup.check_bwrap` (UsageError when this host cannot give the sandbox), then
+    what every start of this process shares, made now, before the first rollout's clock runs:
+    the SIGKILL watchdog and, without an image root, the `/etc` copy. Made by the first start
+    instead, the copy (~700 entries, ~1 s on a loaded disk) held that start and every start
+    queued behind its lock in the worker threads. A copy that cannot be made here is left to
+    the first start, which fails with the reason."""
+    bwrap_setup.check_bwrap(config)
+    if config is not None and config.root is not None:
+        return
+    tmp = sandbox_tmpdir()
+    ensure_watchdog(tmp, WORKDIR_PREFIX)
+    with contextlib.suppress(OSError):
+        etc_view(tmp, owner_prefix(WORKDIR_PREFIX))
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _tmpfs(path: str, size_mb: int | None) -> list[str]:
@@ -133,7 +159,7 @@ class BwrapRuntime(RuntimeBase):
             self.host_uid, self.host_gid = os.geteuid(), os.getegid()
         self.sandbox_pid: int | None = None
         self._sandbox: SandboxProcess | None = None
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: Child | None = None
         #: one set per command in flight, holding its process group id while it runs
         self._running: list[set[int]] = []
         self._stopped = False
@@ -188,24 +214,35 @@ class BwrapRuntime(RuntimeBase):
 
     def _prepare(self, tmp: str) -> tuple[_Binds, list[tuple[str, str]], str | None, str | None]:
         """Blocking, in a worker thread (each mkdir here cost the event loop ~0.4 ms at 512
-        starts): the workdir (filled from `seed`) and writable binds handed to the sandbox's
-        uid, (as root) a staging path per bind and for the image root, and the `/etc` copy.
-        Returns bwrap's binds, root's staging pairs, where bwrap reaches the image root and
-        the `/etc` to bind.
+        starts, a memory cgroup's ~2 ms): the workdir (filled from `seed`) and writable binds
+        handed to the sandbox's uid, (as root) a staging path per bind and for the image root,
+        the `/etc` copy, and the sandbox's cgroup. Returns bwrap's binds, root's staging pairs,
+        where bwrap reaches the image root and the `/etc` to bind.
 
         A start cancelled meanwhile runs `_finish` at once, while this thread may still be
-        at work: the workdir is made under `_finish_lock` only if `_finish` has not run, and
-        anything made after `_finish` removed it is removed again here, at the end."""
+        at work: the workdir is made under `_finish_lock` only if `_finish` has not run, the
+        cgroup is handed over under it, and anything made after `_finish` removed what it knew
+        of is removed again here, at the end."""
         with self._finish_lock:
             if self._finished:
                 raise RuntimeStartError("the start was cancelled")
             self.workdir = Path(tempfile.mkdtemp(prefix=owner_prefix(WORKDIR_PREFIX), dir=tmp))
+        cgroup = None
         try:
-            return self._fill(tmp)
+            prepared = self._fill(tmp)
+            limits = self.config.limits
+            cgroup = SandboxCgroup.create(
+                self.workdir.name, max_pids=limits.max_procs, memory_mb=limits.memory_mb
+            )
+            with self._finish_lock:
+                self._cgroup = cgroup
+            return prepared
         finally:
             with self._finish_lock:
                 if self._finished:
                     shutil.rmtree(self.workdir, ignore_errors=True)
+                    if cgroup is not None:
+                        cgroup.remove()
 
     def _fill(self, tmp: str) -> tuple[_Binds, list[tuple[str, str]], str | None, str | None]:
         assert self.workdir is not None
@@ -279,6 +316,8 @@ class BwrapRuntime(RuntimeBase):
             self._stopped = True
             self._kill()
             self._finish()
+            if self._proc is not None:
+                self._proc.close_pipes()
             raise
 
     async def _start(self) -> None:
@@ -290,56 +329,43 @@ class BwrapRuntime(RuntimeBase):
             raise RuntimeStartError(f"cannot prepare the sandbox's directories: {exc}") from exc
         binds, staging, root, etc = prepared
         assert self.workdir is not None
-        limits = self.config.limits
-        # in this thread, not a worker: a start cancelled while a worker made the cgroup would
-        # never learn of it, and the cgroup would outlive the run (a few mkdirs and writes)
-        self._cgroup = SandboxCgroup.create(
-            self.workdir.name, max_pids=limits.max_procs, memory_mb=limits.memory_mb
-        )
         read_fd, write_fd = os.pipe()
-        argv = self.bwrap_argv(write_fd, binds, root, etc)
+        try:
+            argv = self.bwrap_argv(write_fd, binds, root, etc)
+        except BaseException:  # e.g. an image root gone since it was checked
+            os.close(read_fd)
+            os.close(write_fd)
+            raise
         # every step execs in place (metrale stays the parent) and the last checks that it
         # still is, after the death signal is armed: no preexec_fn, so no fork() on the loop
         uid = self.host_uid if privileged() else None
         argv = [*stage_argv(staging), *as_uid(uid, os.getpid()), *argv]
-        if self._cgroup is not None:
-            argv = self._cgroup.wrap(argv)
+        # moved into its cgroups by the spawner while the shell after setpriv waits at its gate
+        enter = self._cgroup.enter if self._cgroup is not None else None
         try:
             self._proc = await spawned(
-                asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                    pass_fds=(write_fd,),
-                    start_new_session=True,
+                spawn(
+                    argv,
                     env=SPAWN_ENV,
-                    cwd="/",  # a shell on the way would put metrale's cwd into PWD
+                    cwd="/",
+                    stdin=PIPE,
+                    pass_fds=(write_fd,),
+                    before_go=enter,
+                    go=GO,
                 ),
                 lambda proc: proc.pid,
                 lambda proc: setattr(self, "_proc", proc),  # so that stop() tears it down
-            )
+            )  # cwd "/": a shell on the way would put metrale's cwd into PWD
         except OSError as exc:
             os.close(read_fd)
             raise RuntimeStartError(f"cannot run bwrap: {exc}") from exc
         finally:
             os.close(write_fd)
-        assert self._proc.stdin is not None
-        self._proc.stdin.write(b"ready\n")
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader()
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", 0)
-        )
-        ready = b""
-        try:
-            line = await asyncio.wait_for(reader.readline(), READY_TIMEOUT_S)
-            assert self._proc.stdout is not None
-            ready = await asyncio.wait_for(self._proc.stdout.readline(), READY_TIMEOUT_S)
-        except TimeoutError:
-            line = b""
-        finally:
-            transport.close()
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        os.write(self._proc.stdin.fileno(), b"ready\n")  # 6 bytes into an empty pipe
+        status = os.fdopen(read_fd, "rb", 0)
+        line = await read_line(status, READY_TIMEOUT_S)
+        ready = await read_line(self._proc.stdout, READY_TIMEOUT_S) if line else b""
         try:
             pid: int | None = int(json.loads(line)["child-pid"])
         except (ValueError, KeyError, TypeError):
@@ -358,19 +384,19 @@ class BwrapRuntime(RuntimeBase):
         killpg(self._proc.pid)
         stderr = b""
         if self._proc.stderr is not None:
-            with contextlib.suppress(TimeoutError):
-                stderr = await asyncio.wait_for(self._proc.stderr.read(4096), 5)
+            stderr = await read_some(self._proc.stderr, 4096, 5)
         text = stderr.decode(errors="replace").strip()
         return text.splitlines()[-1] if text else f"exit {self._proc.returncode}"
 
     def _enter(
-        self, argv: Sequence[str], cwd: str | None, env: Mapping[str, str]
+        self, argv: Sequence[str], cwd: str | None, env: Mapping[str, str], *, stdin: bool
     ) -> tuple[list[str], list[int]]:
         """The host argv that runs `argv` inside with exactly `env`, and the fds it must be
-        given. The host-side steps (the cgroup's `sh`, `prlimit`, `nsenter`) are absolute
-        paths run with `SPAWN_ENV`; `env` is set by `env -i` only once inside, so nothing of an
-        image's or a command's environment (`PATH`, `LD_PRELOAD`, `LD_DEBUG_OUTPUT`, ...) acts
-        on a host process. nsenter finds `env` in the sandbox's own root."""
+        given. The host-side steps (the gate's `sh`, `nsenter`) are absolute paths run with
+        `SPAWN_ENV` (cgroups and limits are set on the waiting shell: `_before_command`); `env`
+        is set by `env -i` only once inside, so nothing of an image's or a command's
+        environment (`PATH`, `LD_PRELOAD`, `LD_DEBUG_OUTPUT`, ...) acts on a host process.
+        nsenter finds `env` in the sandbox's own root."""
         if self._sandbox is None or self._stopped:
             raise RuntimeError("bwrap runtime is not started")
         fds = self._sandbox.open_entry()  # SandboxLostError when it is gone
@@ -378,10 +404,15 @@ class BwrapRuntime(RuntimeBase):
             argv = ["sh", "-c", 'cd -- "$0" && exec "$@"', cwd, *argv]
         assignments = [f"{k}={v}" for k, v in env.items() if k and "=" not in k]
         argv = ["env", "-i", "--", *assignments, *argv]
-        enter = self._cgroup.wrap([]) if self._cgroup is not None else []
-        limits = self.config.limits.prlimit_argv(address_space=not self.bounds["memory"])
         nsenter = SandboxProcess.nsenter_argv(fds, SANDBOX_UID, SANDBOX_UID)
-        return [*enter, *limits, *nsenter, *argv], fds
+        return [*gate_argv(stdin=stdin), *nsenter, *argv], fds
+
+    def _before_command(self, pid: int) -> None:
+        """On the spawner thread, while the command's host shell waits at its gate: into the
+        sandbox's cgroups, under its limits (RLIMIT_AS only where no memory cgroup bounds it)."""
+        if self._cgroup is not None:
+            self._cgroup.enter(pid)
+        self.config.limits.apply(pid, address_space=not self.bounds["memory"])
 
     def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         env = {
@@ -408,7 +439,7 @@ class BwrapRuntime(RuntimeBase):
         running: set[int] = set()
         self._running.append(running)
         try:
-            command, fds = self._enter(argv, cwd, self._env(env))
+            command, fds = self._enter(argv, cwd, self._env(env), stdin=stdin is not None)
             try:
                 result = await run_process(
                     command,
@@ -419,6 +450,8 @@ class BwrapRuntime(RuntimeBase):
                     stdin=stdin,
                     sessions=running,
                     pass_fds=fds,
+                    before_go=self._before_command,
+                    go=GO,
                 )
             finally:
                 close_all(fds)
@@ -534,6 +567,24 @@ class BwrapRuntime(RuntimeBase):
                 shutil.rmtree(self.workdir, ignore_errors=True)
             self._finished = True
 
+    async def _tear_down(self) -> None:
+        """The sandbox's death awaited on the loop, through its pidfd, then `_finish` in a worker
+        thread: a thread blocked on each death held one of the few workers that the next
+        sandboxes' starts wait for (stops took ~20 ms each at 512 rollouts)."""
+        sandbox = self._sandbox
+        if sandbox is not None and sandbox.pidfd >= 0:
+            loop = asyncio.get_running_loop()
+            gone: asyncio.Future[None] = loop.create_future()
+            fd = os.dup(sandbox.pidfd)  # its own fd: `_finish` may close the pidfd meanwhile
+            loop.add_reader(fd, _settle, gone)
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(gone, STOP_WAIT_S)
+            finally:
+                loop.remove_reader(fd)
+                os.close(fd)
+        await asyncio.to_thread(self._finish)
+
     async def stop(self) -> None:
         """Idempotent. The kill is synchronous; the rest runs in a thread that no
         cancellation stops, and a cancelled stop() finishes it synchronously before it
@@ -541,7 +592,7 @@ class BwrapRuntime(RuntimeBase):
         if self._teardown is None:
             self._stopped = True
             self._kill()
-            self._teardown = asyncio.ensure_future(asyncio.to_thread(self._finish))
+            self._teardown = asyncio.ensure_future(self._tear_down())
         try:
             await asyncio.shield(self._teardown)
         except asyncio.CancelledError:
@@ -553,9 +604,7 @@ class BwrapRuntime(RuntimeBase):
             except Exception as exc:  # killed above: only a stuck reaper is left to wait for
                 logger.warning("bwrap pid %d: no exit status 5 s after its kill: %r",
                                self._proc.pid, exc)  # fmt: skip
-            transport = getattr(self._proc, "_transport", None)
-            if transport is not None:
-                transport.close()
+            self._proc.close_pipes()
 
 
 #: Flat option names `runtime_config("bwrap", ...)` takes for binds: `SRC` or `SRC:DST`.

@@ -177,12 +177,28 @@ def as_uid(uid: int | None, parent: int | None = None) -> list[str]:
     re-armed signal, so with `parent` (metrale's pid) a shell checks, after the signal is set
     again, that its parent is still metrale, and exits at once otherwise: no window is left in
     which a SIGKILLed metrale leaves an orphaned bwrap (every step before it execs in place,
-    so metrale stays the parent throughout)."""
+    so metrale stays the parent throughout). That shell then waits at the `GATE` until the
+    spawner has moved it into the sandbox's cgroups: one process for both steps."""
     ids = [] if uid is None else ["--reuid", str(uid), "--regid", str(uid), "--clear-groups"]
     argv = [host_tool("setpriv"), *ids, "--pdeathsig", "KILL", "--"]
     if parent is not None:
-        argv += [host_tool("sh"), "-c", '[ "$PPID" = "$0" ] || exit 137; exec "$@"', str(parent)]
+        argv += [host_tool("sh"), "-c", f'[ "$PPID" = "$0" ] || exit 137; {GATE}', str(parent)]
     return argv
+
+
+#: The end of a host-side shell that waits for one line on its stdin before it runs the rest:
+#: the line comes once the spawner has moved it into its cgroups (and set its limits), so
+#: nothing it starts is ever outside them (`spawn`'s `before_go`). Exit 125 on EOF instead.
+GATE = 'read -r _ || exit 125; exec "$@"'
+GO = b"go\n"
+
+
+def gate_argv(*, stdin: bool) -> list[str]:
+    """A root shell that waits for `GO` on its stdin, then execs the rest (see `GATE`) with
+    what follows on that stdin, or (`stdin` False) with /dev/null, as a command without input
+    had before: a pipe of root's would not open as `/dev/stdin` for the sandbox's user."""
+    gate = GATE if stdin else f"{GATE} </dev/null"
+    return [host_tool("sh"), "-c", gate, "sh"]
 
 
 def stage_argv(pairs: Sequence[tuple[str, str]]) -> list[str]:

@@ -6,7 +6,9 @@ so a bwrap killed in between leaves its child running (seen under load when metr
 SIGKILLed in the first milliseconds of a start). The watchdog waits for its owner to die (a
 pidfd: a reused pid is never mistaken for it), then kills every process in the cgroups of the
 owner's sandboxes and every process naming one of its workdirs, removes those cgroups and
-workdirs, and sweeps again twice, for a start that was in flight at the kill.
+workdirs, and sweeps again twice, for a start that was in flight at the kill. After a normal
+exit (the owner says so on the watchdog's stdin, `procs.CLEAN_EXIT`) one sweep is enough: no
+start is in flight then, and the watchdog is gone a moment after its owner.
 
 The owner's sandboxes are found by name: their workdirs are `<tmp>/metrale-bwrap-<owner pid>-*`
 and each cgroup is named after its workdir.
@@ -28,6 +30,10 @@ try:
 except (OSError, AttributeError):
     while os.path.exists(f"/proc/{pid}"):
         time.sleep(0.2)
+try:  # its owner gone, its end is closed: this returns at once
+    clean = sys.stdin.buffer.read(6) == b"clean\n"
+except (OSError, ValueError, AttributeError):
+    clean = False
 ROOT = Path("/sys/fs/cgroup")
 def cgroups():
     found = []
@@ -49,7 +55,7 @@ def kill(p):
         os.kill(int(p), signal.SIGKILL)
     except (OSError, ValueError):
         pass
-for delay in (0, 1, 3):
+for delay in (0,) if clean else (0, 1, 3):
     time.sleep(delay)
     dirs = [str(d) for d in tmp.glob(prefix + "*")]
     for e in os.listdir("/proc"):

@@ -16,10 +16,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Sequence
 from pathlib import Path
-
-from metrale.runtime.procs import host_tool
 
 logger = logging.getLogger(__name__)
 
@@ -104,13 +101,16 @@ class SandboxCgroup:
             return None
         return cgroup
 
-    def wrap(self, argv: Sequence[str]) -> list[str]:
-        """`argv`, moved into these cgroups before it starts (so all its children are in them);
-        exit 125 without running it when the move fails."""
-        procs = [str(p / "cgroup.procs") for p in self.paths]
-        script = 'for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; shift; done; '
-        script += 'shift; exec "$@"'
-        return [host_tool("sh"), "-c", script, "sh", *procs, "--", *argv]
+    def enter(self, pid: int) -> None:
+        """Blocking: move process `pid` (and so all it will start) into these cgroups; OSError
+        naming the cgroup when the host refuses. For a process that waits to be moved before
+        it starts anything (`spawn`'s `before_go`): one write per cgroup, no process of its own
+        (a shell that moved itself cost an exec per sandbox start and per command)."""
+        for path in self.paths:
+            try:
+                (path / "cgroup.procs").write_text(str(pid))
+            except OSError as exc:
+                raise OSError(exc.errno, f"cannot move pid {pid} into cgroup {path}") from exc
 
     def remove(self) -> None:
         """Blocking: kills what is left in the cgroups, waits briefly for it to leave, then

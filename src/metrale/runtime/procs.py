@@ -10,10 +10,12 @@ close, since a background child (`server &`) may hold them for the sandbox's lif
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import ctypes
 import functools
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -21,12 +23,13 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import ClassVar, TypeVar, cast
+from typing import ClassVar, TypeVar
 
 from pydantic import BaseModel, Field
 
 from metrale.bounds import CPU_S, FILE_SIZE_MB, MAX_PROCS, MEMORY_MB, pydantic_range
 from metrale.runtime.base import ProgramResult
+from metrale.runtime.spawn import DEVNULL, PIPE, spawn
 
 T = TypeVar("T")
 
@@ -105,6 +108,21 @@ class Limits(BaseModel):
     max_procs: int | None = Field(default=256, **pydantic_range(MAX_PROCS))
     file_size_mb: int | None = Field(default=1024, **pydantic_range(FILE_SIZE_MB))
 
+    def apply(self, pid: int, *, address_space: bool = True) -> None:
+        """Blocking: set these limits (soft and hard) on process `pid`, as `prlimit_argv` would
+        on itself, for a process that waits for them before it runs anything (`spawn`'s
+        `before_go`). OSError when the host refuses."""
+        memory = self.memory_mb if address_space else None
+        wanted = [
+            (resource.RLIMIT_CPU, self.cpu_s),
+            (resource.RLIMIT_AS, memory << 20 if memory is not None else None),
+            (resource.RLIMIT_NPROC, self.max_procs),
+            (resource.RLIMIT_FSIZE, self.file_size_mb << 20 if self.file_size_mb else None),
+        ]
+        for which, value in wanted:
+            if value is not None:
+                resource.prlimit(pid, which, (value, value))
+
     def prlimit_argv(self, *, address_space: bool = True) -> list[str]:
         """`prlimit --cpu=.. --as=.. -- ` (empty when no limit is set); without
         `address_space` the memory bound is left to a cgroup."""
@@ -153,28 +171,23 @@ class CappedBuffer:
         return (bytes(self.head) + tail).decode("utf-8", "replace")
 
 
-class _CappedProtocol(asyncio.SubprocessProtocol):
-    """Collects stdout/stderr into capped buffers and reports the exit as soon as it happens
-    (asyncio's `Process.wait()` also waits for the pipes, which a background child may hold)."""
+class _Capture(asyncio.Protocol):
+    """Collects one pipe of a child into a capped buffer; `closed` completes at its EOF."""
 
-    def __init__(self, cap: int) -> None:
-        loop = asyncio.get_running_loop()
-        self.out, self.err = CappedBuffer(cap), CappedBuffer(cap)
-        self.exited: asyncio.Future[None] = loop.create_future()
-        self.pipes_closed: asyncio.Future[None] = loop.create_future()
-        self._open = {1, 2}
+    def __init__(self, buffer: CappedBuffer) -> None:
+        self.buffer = buffer
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
-        (self.out if fd == 1 else self.err).add(data)
+    def data_received(self, data: bytes) -> None:
+        self.buffer.add(data)
 
-    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        self._open.discard(fd)
-        if not self._open and not self.pipes_closed.done():
-            self.pipes_closed.set_result(None)
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
 
-    def process_exited(self) -> None:
-        if not self.exited.done():
-            self.exited.set_result(None)
+
+def _returning(protocol: _Capture) -> Callable[[], _Capture]:
+    return lambda: protocol
 
 
 def killpg(pgid: int) -> None:
@@ -217,63 +230,71 @@ async def run_process(
     stdin: bytes | None = None,
     sessions: set[int] | None = None,
     pass_fds: Sequence[int] = (),
+    before_go: Callable[[int], None] | None = None,
+    go: bytes = b"",
 ) -> ProgramResult:
     """Run `argv` in its own session; on timeout or cancellation kill its whole process group.
 
     The pid (= session id = pgid) is added to `sessions` while it may have members, so a
-    runtime's `stop()` can kill what is left of it. Exit code 124 means timed out.
+    runtime's `stop()` can kill what is left of it. Exit code 124 means timed out. `before_go`
+    and `go`: see `spawn` (`go` comes first on the command's stdin, then `stdin` or EOF).
     """
     started = time.perf_counter()
     loop = asyncio.get_running_loop()
-    transport, protocol = await spawned(
-        loop.subprocess_exec(
-            lambda: _CappedProtocol(cap),
-            *argv,
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=dict(env),
-            cwd=cwd,
-            start_new_session=True,
-            pass_fds=tuple(pass_fds),
+    child = await spawned(
+        spawn(
+            argv, env=env, cwd=cwd, stdin=PIPE if stdin is not None or go else DEVNULL,
+            pass_fds=pass_fds, before_go=before_go, go=go,
         ),
-        lambda made: made[0].get_pid(),
-        lambda made: made[0].close(),
-    )
-    pid = transport.get_pid()
+        lambda made: made.pid,
+        lambda made: made.close_pipes(),
+    )  # fmt: skip
+    pid = child.pid
     if sessions is not None:
         sessions.add(pid)
-    if stdin is not None:
-        pipe = cast("asyncio.WriteTransport | None", transport.get_pipe_transport(0))  # stdin
-        if pipe is not None:
-            with contextlib.suppress(OSError):
-                pipe.write(stdin)
-                pipe.write_eof()
+    out, err = CappedBuffer(cap), CappedBuffer(cap)
+    transports: list[asyncio.BaseTransport] = []
     timed_out = False
     try:
+        captures = []
+        for pipe, buffer in ((child.stdout, out), (child.stderr, err)):
+            capture = _Capture(buffer)
+            reading, _ = await loop.connect_read_pipe(_returning(capture), pipe)
+            transports.append(reading)
+            captures.append(capture.closed)
+        if stdin is not None and child.stdin is not None:
+            writing, _ = await loop.connect_write_pipe(asyncio.Protocol, child.stdin)
+            transports.append(writing)
+            with contextlib.suppress(OSError):
+                writing.write(stdin)
+                writing.write_eof()
+        elif child.stdin is not None:  # only `go` was for it: then EOF, as from /dev/null
+            child.stdin.close()
         try:
-            await asyncio.wait_for(asyncio.shield(protocol.exited), timeout)
+            await asyncio.wait_for(child.wait(), timeout)
         except TimeoutError:
             timed_out = True
             killpg(pid)
-            await protocol.exited
+            await child.wait()
         # background children may still hold the pipes: take what is there, then let go
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(protocol.pipes_closed), PIPE_GRACE_S)
+            await asyncio.wait_for(asyncio.shield(asyncio.gather(*captures)), PIPE_GRACE_S)
     except BaseException:
         killpg(pid)
-        transport.close()
         raise
-    code = transport.get_returncode()
-    transport.close()
+    finally:
+        for transport in transports:
+            transport.close()
+        child.close_pipes()
+    code = child.returncode
     return ProgramResult(
         exit_code=124 if timed_out else (code if code is not None else -1),
-        stdout=protocol.out.text(),
-        stderr=protocol.err.text(),
+        stdout=out.text(),
+        stderr=err.text(),
         timed_out=timed_out,
         duration_s=time.perf_counter() - started,
-        stdout_dropped=protocol.out.dropped,
-        stderr_dropped=protocol.err.dropped,
+        stdout_dropped=out.dropped,
+        stderr_dropped=err.dropped,
     )
 
 
@@ -354,20 +375,38 @@ class _Watchdogs:
     started: ClassVar[dict[tuple[object, ...], subprocess.Popen[bytes]]] = {}
 
 
+#: What a watchdog reads on its stdin once its owner is gone when the owner exited normally
+#: (every sandbox stopped by then): it sweeps once and exits, instead of staying for the later
+#: sweeps a SIGKILL needs (a start in flight at the kill). After a SIGKILL it reads EOF.
+CLEAN_EXIT = b"clean\n"
+
+
 def ensure_watchdog(key: tuple[object, ...], program: str, args: Sequence[str],
                     env: Mapping[str, str]) -> None:  # fmt: skip
     """Start `python -c program ARGS` once per (this process, `key`): a process that waits for
     this one to die, then removes what it left. Its own session, so that a Ctrl-C of metrale's
-    process group does not take it down first."""
+    process group does not take it down first. Its stdin is a pipe that gets `CLEAN_EXIT` at
+    this process's normal exit."""
     full = (os.getpid(), *key)
     if full in _Watchdogs.started:
         return
+    if not any(k[0] == os.getpid() for k in _Watchdogs.started):
+        atexit.register(_exit_cleanly)
     _Watchdogs.started[full] = subprocess.Popen(
         [sys.executable, "-c", program, *args],
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
         env=dict(env),
         cwd="/",
     )
+
+
+def _exit_cleanly() -> None:
+    """At a normal exit: tell this process's watchdogs (see `CLEAN_EXIT`)."""
+    for key, watchdog in _Watchdogs.started.items():
+        if key[0] == os.getpid() and watchdog.stdin is not None:
+            with contextlib.suppress(OSError):
+                watchdog.stdin.write(CLEAN_EXIT)
+                watchdog.stdin.close()
