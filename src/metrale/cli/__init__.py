@@ -1,7 +1,7 @@
 """The `metrale` command: flags, exit codes, and choosing the target. No measuring here.
 
 One module per command (`run`, `listing`, `sim`, `matrix`, `report`, `plot`, `compare`,
-`sandbox_exec`, `cleanup`), each with `add_parser(sub)` and `handle(args, extra)`; the flags
+`sandbox_exec`, `cleanup`, `tasks`), each with `add_parser(sub)` and `handle(args, extra)`; the flags
 they share live in `parsing`, `target`, `runtime_flags`, `bench_flags` and `options`.
 
 Exit codes: 0 done (verdict passed or none), 1 verdict failed, 2 usage error, 3 run failed.
@@ -20,7 +20,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from metrale import __version__
-from metrale.cli import cleanup, compare, listing, matrix, plot, report, run, sandbox_exec, sim
+from metrale.cli import (
+    cleanup,
+    compare,
+    listing,
+    matrix,
+    plot,
+    report,
+    run,
+    sandbox_exec,
+    sim,
+    tasks,
+)
 from metrale.cli.logs import configure as configure_logging
 from metrale.cli.parsing import Parser
 from metrale.errors import EXIT_USAGE, MetraleError
@@ -31,7 +42,7 @@ if TYPE_CHECKING:
 
 #: `metrale list` is `listing` and `metrale exec` is `sandbox_exec`: modules named `list` and
 #: `exec` would shadow the builtins in this package's namespace
-COMMANDS = (run, listing, sim, matrix, report, plot, compare, sandbox_exec, cleanup)
+COMMANDS = (run, listing, sim, matrix, report, plot, compare, sandbox_exec, cleanup, tasks)
 
 
 DESCRIPTION = """\
