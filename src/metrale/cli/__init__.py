@@ -1,8 +1,8 @@
 """The `metrale` command: flags, exit codes, and choosing the target. No measuring here.
 
 One module per command (`run`, `listing`, `sim`, `matrix`, `report`, `plot`, `compare`,
-`sandbox_exec`, `cleanup`, `tasks`), each with `add_parser(sub)` and `handle(args, extra)`; the flags
-they share live in `parsing`, `target`, `runtime_flags`, `bench_flags` and `options`.
+`sandbox_exec`, `cleanup`, `tasks`), each with `add_parser(sub)` and `handle(args, extra)`; the
+flags they share live in `parsing`, `target`, `runtime_flags`, `bench_flags` and `options`.
 
 Exit codes: 0 done (verdict passed or none), 1 verdict failed, 2 usage error, 3 run failed.
 A user's mistake is one line on stderr and exit 2, never a traceback.

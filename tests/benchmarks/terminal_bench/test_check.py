@@ -32,6 +32,10 @@ KEYS = {
         "docker_image", "workdir", "gpus", "mcp_servers", "gpu_types",
     ],
 }  # fmt: skip
+SECTIONS = [
+    "[[environment.mcp_servers]]\nname = 'm'\n", "agent = 5\n", "[[environment]]\n",
+    "version = {}\n", "metadata = 3\n",
+]  # fmt: skip
 DOCKERFILES = [
     "FROM debian:bookworm\n", "", "RUN true\n", "FROM\n", "FROM --platform=linux/amd64\n",
     "ARG B=python:3.12\nFROM ${B}\n", "FROM a AS b\nFROM b\n", "FROM scratch\n",
@@ -59,8 +63,7 @@ def malformed_task(root: Path, name: str, rng: random.Random) -> Path:
             text = f"\n[{section}]\n{key} = {rng.choice(TOML_VALUES)}\n"
             _put(task / "task.toml", _text(task / "task.toml") + text)
         elif how == "section":
-            kind = rng.choice(["[[environment.mcp_servers]]\nname = 'm'\n", "agent = 5\n",
-                               "[[environment]]\n", "version = {}\n", "metadata = 3\n"])  # fmt: skip
+            kind = rng.choice(SECTIONS)
             _put(task / "task.toml", kind + _text(task / "task.toml"))
         elif how == "toml":
             _put(task / "task.toml", rng.choice(["[", "x = ", "= 1", "[a]\n[a]\n"]))
