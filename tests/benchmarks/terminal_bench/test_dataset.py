@@ -163,3 +163,22 @@ def test_bad_env_tables_are_one_line(tmp_path: Path) -> None:
     (task_dir / "task.toml").write_text(base + "[solution.env]\nX = [1]\n")
     with pytest.raises(UsageError, match=r"\[solution.env\] X must be a string"):
         load_task(str(task_dir))
+
+
+def test_a_dataset_run_is_tasks_x_attempts_and_each_index_names_its_task(tmp_path: Path) -> None:
+    from metrale.benchmarks.terminal_bench.benchmark import TerminalBenchBenchmark
+
+    data = write_dataset(tmp_path)
+    bench = TerminalBenchBenchmark()
+    values = bench.configure({"task": str(data), "agent": "oracle", "attempts": 3})
+    assert (values["rollouts"], values["attempts"]) == (9, 3)  # 3 runnable tasks x 3
+    names = [bench.run_of(i).task.name for i in range(9)]
+    assert names == ["build-fails"] * 3 + ["sums-right"] * 3 + ["sums-wrong"] * 3
+    with pytest.raises(UsageError, match="--rollouts 5: a dataset runs tasks x attempts"):
+        TerminalBenchBenchmark().configure({"task": str(data), "rollouts": 5})
+    one = TerminalBenchBenchmark()
+    assert one.configure({"task": str(data / "sums-right"), "rollouts": 4})["attempts"] == 4
+    with pytest.raises(UsageError, match="choose within a dataset"):
+        TerminalBenchBenchmark().configure({"task": str(data / "sums-right"), "tasks": "x"})
+    with pytest.raises(UsageError, match="gpus = 1"):  # one task asking for a GPU: refused
+        TerminalBenchBenchmark().configure({"task": str(data / "wants-gpu")})

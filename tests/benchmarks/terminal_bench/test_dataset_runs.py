@@ -92,7 +92,7 @@ def test_third_party_style_tasks_run_with_nop_reward_0_and_no_harness_error(
     tmp_path: Path,
 ) -> None:
     done = run(FIXTURES, tmp_path / "run", "-p", "agent=nop", "--tasks", "apt-jq,pip-pytest",
-               "--attempts", "2", "--runtime", "docker")  # fmt: skip
+               "--attempts", "2", "--max-concurrent", "2", "--runtime", "docker")  # fmt: skip
     assert len(done["records"]) == 4, done["stderr"]
     for r in done["records"]:
         assert r["error"] is None and r["reward"] == 0.0, r
