@@ -94,7 +94,9 @@ def extra_parameters() -> list[ParamSpec]:
                   help="the image build's time (default: task.toml build_timeout_sec)"),
         ParamSpec(name="base_image", type="str", default="",
                   help="NAME=LOCAL[,NAME=LOCAL...]: build FROM NAME on the local image LOCAL "
-                  "(--base-image; debian:bookworm is metrale's base image already)"),
+                  "(--base-image, once for the run or dataset; NAME may be a glob; "
+                  "debian:bookworm and the public Terminal-Bench bases map to "
+                  "metrale/base:bookworm by default)"),
     ]  # fmt: skip
 
 
