@@ -33,7 +33,7 @@ import subprocess
 import tarfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -317,6 +317,8 @@ async def _build_in_engine(
     argv = ["build", "-q", "-t", tag, "--label", "metrale.task=" + task.name]
     if is_podman(cli):
         argv.append("--pull=never")
+    else:  # `docker build` mounts no volume: the CA bundle cannot be offered there
+        policy = replace(policy, ca_file=None)
     argv += policy.engine_args()
     payload = _context_tar(task, policy.dockerfile(_rewrite_from(task.dockerfile.text, base_ids)))
     code, _, err = await _cli(cli, *argv, "-", stdin=payload, timeout=timeout_s)
