@@ -182,3 +182,46 @@ def test_a_dataset_run_is_tasks_x_attempts_and_each_index_names_its_task(tmp_pat
         TerminalBenchBenchmark().configure({"task": str(data / "sums-right"), "tasks": "x"})
     with pytest.raises(UsageError, match="gpus = 1"):  # one task asking for a GPU: refused
         TerminalBenchBenchmark().configure({"task": str(data / "wants-gpu")})
+
+
+def test_builds_run_once_per_distinct_environment_and_at_most_n_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduling of `build_all` alone (the builds themselves are test_dataset_runs.py's):
+    tasks with the same environment share one build, and its failure."""
+    import asyncio
+
+    from metrale.benchmarks.terminal_bench import prepare
+    from metrale.benchmarks.terminal_bench.images import ImageBuildError
+    from metrale.runtime.configs import DockerConfig
+
+    data = tmp_path / "d"
+    data.mkdir()
+    for name in ("a1", "a2"):  # the same environment directory
+        write_task(data, name)
+    for i, name in enumerate(("b", "c", "d")):  # each its own
+        write_task(data, name, dockerfile=f"FROM debian:bookworm\nRUN echo {i}\n")
+    _, runs = prepare.task_runs({"task": str(data), "agent": "oracle", "max_turns": 1,
+                                 "command_timeout_s": 1.0})  # fmt: skip
+    built: list[str] = []
+    in_flight, peak = 0, 0
+
+    async def fake_build(run, values, config, log):  # type: ignore[no-untyped-def]
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.05)
+        in_flight -= 1
+        built.append(run.task.name)
+        if run.task.name == "c":
+            run.build_error = ImageBuildError("c fails")
+        else:
+            run.image = run.task.name  # a marker: which build this run got
+
+    monkeypatch.setattr(prepare, "build", fake_build)
+    values = {"task": str(data), "build_concurrency": 2}
+    asyncio.run(prepare.build_all(runs, values, DockerConfig(), lambda *a: None))
+    assert sorted(built) == ["a1", "b", "c", "d"] and peak == 2
+    by_name = {r.task.name: r for r in runs}
+    assert by_name["a2"].image == "a1"  # shared, not built again
+    assert isinstance(by_name["c"].build_error, ImageBuildError) and by_name["c"].image is None
