@@ -70,6 +70,7 @@ REAL_FILES = frozenset({
     "tests/benchmarks/terminal_bench/test_bwrap_images.py",
     "tests/runtime/test_docker_read.py",
     "tests/benchmarks/terminal_bench/test_shipped.py",
+    "tests/benchmarks/terminal_bench/test_dataset_runs.py",
     "tests/matrix/test_html.py",
     "tests/sandbox_sim/test_backend.py",
     "tests/runtime/test_prime.py",

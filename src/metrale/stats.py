@@ -113,3 +113,16 @@ def _num(x: float | None) -> float:
     if x is None:
         raise ValueError("the statistic has no value on a sample or one of its resamples")
     return x
+
+
+def pass_at_k(n: int, c: int, k: int) -> float | None:
+    """The unbiased estimate of pass@k from `n` attempts of which `c` passed (Chen et al.,
+    2021): 1 - C(n-c, k) / C(n, k), the chance that k attempts drawn without replacement
+    from the n include a pass. None when k > n (too few attempts to say) or k < 1."""
+    if not 0 <= c <= n:
+        raise ValueError(f"pass_at_k: {c} passes out of {n} attempts")
+    if k < 1 or k > n:
+        return None
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)

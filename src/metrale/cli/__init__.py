@@ -1,8 +1,9 @@
 """The `metrale` command: flags, exit codes, and choosing the target. No measuring here.
 
 One module per command (`run`, `listing`, `sim`, `sandbox_sim`, `matrix`, `report`, `plot`,
-`compare`, `sandbox_exec`, `cleanup`), each with `add_parser(sub)` and `handle(args, extra)`;
-the flags they share live in `parsing`, `target`, `runtime_flags`, `bench_flags` and `options`.
+`compare`, `sandbox_exec`, `cleanup`, `tasks`), each with `add_parser(sub)` and `handle(args,
+extra)`; the flags they share live in `parsing`, `target`, `runtime_flags`, `bench_flags` and
+`options`.
 
 Exit codes: 0 done (verdict passed or none), 1 verdict failed, 2 usage error, 3 run failed.
 A user's mistake is one line on stderr and exit 2, never a traceback.
@@ -31,6 +32,7 @@ from metrale.cli import (
     sandbox_exec,
     sandbox_sim,
     sim,
+    tasks,
 )
 from metrale.cli.logs import configure as configure_logging
 from metrale.cli.parsing import Parser
@@ -43,7 +45,19 @@ if TYPE_CHECKING:
 
 #: `metrale list` is `listing` and `metrale exec` is `sandbox_exec`: modules named `list` and
 #: `exec` would shadow the builtins in this package's namespace
-COMMANDS = (run, listing, sim, sandbox_sim, matrix, report, plot, compare, sandbox_exec, cleanup)
+COMMANDS = (
+    run,
+    listing,
+    sim,
+    sandbox_sim,
+    matrix,
+    report,
+    plot,
+    compare,
+    sandbox_exec,
+    cleanup,
+    tasks,
+)
 
 
 DESCRIPTION = """\

@@ -191,6 +191,11 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
     out = sys.stderr if args.json else sys.stdout
     if result.table.columns:
         print(render(result.table.columns, result.table.rows), file=out)
+    if result.measured is not None and len(result.measured.per_task) > 1:
+        from metrale.plugin.per_task import per_task_table
+
+        k = int(result.measured.metrics.get("attempts") or 1)
+        print(render(*per_task_table(result.measured.per_task, k)), file=out)
     for line in result.verdict.lines():
         print(safe_text(line), file=out)
     if result.error:

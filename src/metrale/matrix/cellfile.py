@@ -81,7 +81,13 @@ class CellResult(RunSummary):
 
     def with_summary(self, summary: RunSummary) -> CellResult:
         """This cell with `summary`'s numbers and declarations."""
-        return self.model_copy(update={**summary.model_dump(), "declared": summary.declared})
+        return self.model_copy(
+            update={
+                **summary.model_dump(),
+                "declared": summary.declared,
+                "per_task": summary.per_task,
+            }
+        )
 
 
 def summarize(records: Sequence[RolloutRecord], cell: CellResult) -> CellResult:

@@ -8,6 +8,11 @@ now): for a rollout benchmark the stage p50s (`setup`, `generation`,
 `scoring`, `total`), `reward_mean`, `error_rate`, ... and its own; for serve TTFT, TPOT, ITL,
 E2E percentiles and the throughputs. The samples are the cells' summaries'.
 
+Cells over a dataset (`RunSummary.per_task`) compare overall and task by task: `pass_at_1`
+and `pass_at_k` as the mean over tasks of each task's value, the interval by resampling tasks;
+then, for each task in both cells, `reward_mean[task]` and `pass_at_1[task]` over that task's
+attempts, the interval by resampling attempts.
+
 Verdict rule, per row: **same** when the interval contains 0, or when the difference is smaller
 than the tolerance: `max(rel_tol × |A|, abs_tol)` (defaults 5% and, for durations, 1 ms: below
 that, scheduling jitter on a shared machine dominates). Otherwise **better** or **worse** by the
@@ -34,7 +39,8 @@ from metrale.matrix.cellfile import (
 )
 from metrale.matrix.report import declared_metrics
 from metrale.plugin import SUMMARY_STAGES, Metric, find_metric
-from metrale.stats import bootstrap_diff
+from metrale.plugin.per_task import ran
+from metrale.stats import bootstrap_diff, mean
 from metrale.table import render
 
 Verdict = Literal["same", "better", "worse", "changed", "n/a"]
@@ -97,8 +103,66 @@ def compare_cells(
         raise UsageError(f"{label}: a {a.benchmark} cell and a {b.benchmark} cell do not compare")
     rows = []
     for m in pick_metrics(metrics_of(a), names, a.benchmark):
-        rows.append(_row(label, m, a, b, rel_tol, resamples))
+        if m.name in DATASET_METRICS and a.per_task and b.per_task:
+            rows.append(_dataset_row(label, m, a, b, rel_tol, resamples))
+        else:
+            rows.append(_row(label, m, a, b, rel_tol, resamples))
+    if a.per_task and b.per_task and (not names or set(names) & set(TASK_METRICS)):
+        rows += _task_rows(label, a, b, rel_tol, resamples, names)
     return rows
+
+
+#: A dataset's whole-run numbers compared over its tasks (`plugin.per_task`).
+DATASET_METRICS = ("pass_at_1", "pass_at_k")
+#: What is compared task by task: each over the task's attempts.
+TASK_METRICS = ("reward_mean", "pass_at_1")
+
+
+def _k(cell: CellResult, metric: str) -> int:
+    return 1 if metric == "pass_at_1" else int(cell.metrics.get("attempts") or 1)
+
+
+def _dataset_row(
+    label: str, m: Metric, a: CellResult, b: CellResult, rel_tol: float, resamples: int
+) -> Row:
+    """pass@1 or pass@k of two datasets: the mean over tasks of each task's value, the
+    interval by resampling tasks (each side's own k)."""
+    xa = [x for t in ran(a.per_task) if (x := t.pass_at(_k(a, m.name))) is not None]
+    xb = [x for t in ran(b.per_task) if (x := t.pass_at(_k(b, m.name))) is not None]
+    return _bootstrapped(label, m.name, xa, xb, m, rel_tol, resamples)
+
+
+def _task_rows(
+    label: str, a: CellResult, b: CellResult, rel_tol: float, resamples: int,
+    names: Sequence[str],
+) -> list[Row]:  # fmt: skip
+    """Per task in both cells: reward_mean over its attempts' rewards, pass_at_1 over its
+    attempts' 0/1 passes, each with a bootstrap interval over the attempts."""
+    by_name = {t.name: t for t in b.per_task}
+    rows = []
+    for ta in a.per_task:
+        tb = by_name.get(ta.name)
+        if tb is None or ta.skipped is not None or tb.skipped is not None:
+            continue
+        for metric in TASK_METRICS:
+            if names and metric not in names:
+                continue
+            m = Metric(metric, "fraction", "higher", doc="", stat="mean")
+            xa, xb = (ta.rewards, tb.rewards) if metric == "reward_mean" else (ta.passed, tb.passed)
+            rows.append(_bootstrapped(label, f"{metric}[{ta.name}]", xa, xb, m, rel_tol, resamples))
+    return rows
+
+
+def _bootstrapped(
+    label: str, name: str, xa: list[float], xb: list[float], m: Metric, rel_tol: float,
+    resamples: int,
+) -> Row:  # fmt: skip
+    sa, sb = mean(xa), mean(xb)
+    if sa is None or sb is None:
+        return Row(label, name, sa, sb, None, None, None, "n/a")
+    iv = bootstrap_diff(xa, xb, mean, resamples=resamples)
+    return Row(label, name, sa, sb, iv.estimate, iv.low, iv.high,
+               verdict(iv.estimate, iv.low, iv.high, sa, m, rel_tol))  # fmt: skip
 
 
 def _row(

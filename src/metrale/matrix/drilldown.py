@@ -19,6 +19,7 @@ from metrale.errors import UsageError, data_lines
 from metrale.fmt import duration_text, number_text
 from metrale.matrix.cellfile import CellResult
 from metrale.plugin import SUMMARY_STAGES, Status
+from metrale.plugin.per_task import dataset_line, per_task_table
 from metrale.rundir import read_records
 
 if TYPE_CHECKING:
@@ -50,7 +51,26 @@ def cell_run_dir(cell: CellResult, base: Path) -> Path | None:
 
 
 def drilldown_html(cell: CellResult, run_dir: Path | None, limits: Limits = Limits()) -> str:
-    """The body of a cell's drill-down section."""
+    """The body of a cell's drill-down section (a dataset's per-task table first)."""
+    return _per_task(cell) + _records_html(cell, run_dir, limits)
+
+
+def _per_task(cell: CellResult) -> str:
+    """A cell over a dataset: the dataset's line and a row per task (`plugin.per_task`)."""
+    if len(cell.per_task) < 2:
+        return ""
+    k = int(cell.metrics.get("attempts") or 1)
+    columns, rows = per_task_table(cell.per_task, k)
+    head = "".join(f"<th>{escape(c)}</th>" for c in columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td class='text'>{escape(str(x))}</td>" for x in row) + "</tr>"
+        for row in rows
+    )
+    line = escape(dataset_line(cell.per_task, k))
+    return f"<h3>tasks</h3><p>{line}</p><table><tr>{head}</tr>{body}</table>\n"
+
+
+def _records_html(cell: CellResult, run_dir: Path | None, limits: Limits) -> str:
     if run_dir is None:
         return '<p class="note">no run directory found for this cell: only its summary.</p>'
     if cell.unit != "rollout":

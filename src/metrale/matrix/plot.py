@@ -104,10 +104,29 @@ def _metric_panel(m: Metric) -> Panel:
     return Panel(m.name, f"{m.unit}: value, whisker p10–p90 of its sample", False, point)
 
 
+def _pass_panel(key: str) -> Panel:
+    """A dataset's pass@1 or pass@k (`key` 1 or "k"), whiskers p10–p90 over its tasks."""
+
+    def point(c: CellResult) -> tuple[float, float, float] | None:
+        value = c.metrics.get(f"pass_at_{key}")
+        k = 1 if key == "1" else int(c.metrics.get("attempts") or 1)
+        per_task = sorted(x for t in c.per_task if (x := t.pass_at(k)) is not None)
+        if value is None or not per_task:
+            return None
+        s = Spread.of(per_task)
+        lo, hi = s.p10 if s.p10 is not None else value, s.p90 if s.p90 is not None else value
+        return float(value), min(lo, float(value)), max(hi, float(value))
+
+    ylabel = "mean over tasks, whisker p10–p90 of the tasks'"
+    return Panel(f"pass@{key}", ylabel, False, point)
+
+
 def panels_for(cells: Sequence[CellResult]) -> list[Panel]:
-    """Stages where the cells have them; else the benchmark's declared table columns."""
+    """Stages where the cells have them (and a dataset's pass@1 and pass@k when a cell ran
+    one); else the benchmark's declared table columns."""
     if any(c.stage(s) for c in cells for s in SUMMARY_STAGES):
-        return [_stage_panel(s) for s in SUMMARY_STAGES]
+        dataset = [_pass_panel("1"), _pass_panel("k")] if any(c.per_task for c in cells) else []
+        return [*(_stage_panel(s) for s in SUMMARY_STAGES), *dataset]
     metrics = [m for m in declared_metrics(cells) if m.column]
     if not metrics:
         raise UsageError("nothing to plot: the cells have no stage durations and no columns")

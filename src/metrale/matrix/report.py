@@ -15,7 +15,8 @@ that have one. Percentiles are `metrale.stats.percentile`.
 The exports are for analysis, not reading: numbers only, seconds for every duration.
 `export_rows` gives one flat dict per cell (`<stage>_p10_s`, `_p50_s`, `_p90_s`,
 `max_concurrent` None when unbounded, every declared metric as a number); CSV writes None as an
-empty field, JSON as null.
+empty field, JSON as null. A cell over a dataset (terminal_bench, several tasks) adds its
+per-task table below the sweep's (`plugin.per_task`), and its JSON row the breakdown.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from metrale.fmt import (
 )
 from metrale.matrix.cellfile import CellResult, with_declarations
 from metrale.plugin import SUMMARY_STAGES, Metric, Status, shown_stages
+from metrale.plugin.per_task import dataset_line, per_task_table
 from metrale.stats import Spread
 from metrale.table import render
 
@@ -160,10 +162,13 @@ def _csv(value: object) -> object:
 
 
 def export_json(cells: Sequence[CellResult]) -> str:
-    """`export_rows` as a JSON document, each row with its cell's parameters."""
+    """`export_rows` as a JSON document, each row with its cell's parameters (and a dataset
+    cell's per-task breakdown, `per_task`)."""
     rows = export_rows(cells)
     for row, c in zip(rows, cells, strict=True):
         row["params"] = c.params
+        if c.per_task:
+            row["per_task"] = [t.model_dump() for t in c.per_task]
     return safe_json(json.dumps({"cells": rows}, indent=1, ensure_ascii=False))
 
 
@@ -187,6 +192,11 @@ def render_report(cells: Sequence[CellResult], style: str = "markdown") -> str:
     notes = failure_notes(cells)
     if style == "markdown" and notes:
         table += "\n\n" + "\n".join(f"- {n}" for n in notes)
+    for c in cells:  # a cell over a dataset: its tasks, one row each
+        if len(c.per_task) > 1:
+            k = int(c.metrics.get("attempts") or 1)
+            head = f"{c.cell}: {dataset_line(c.per_task, k)}"
+            table += f"\n\n{head}\n\n" + render(*per_task_table(c.per_task, k), style=style)
     return table
 
 

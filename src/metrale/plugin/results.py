@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, field_serializer
 from metrale.errors import UsageError
 from metrale.fmt import sig
 from metrale.plugin.metrics import MetricDeclaration
+from metrale.plugin.per_task import TaskSummary
 from metrale.stats import Spread
 
 #: The per-rollout stage columns every rollout summary shows, in order (`total` last).
@@ -102,6 +103,7 @@ class RunSummary(BaseModel):
       statistic was taken over; a ratio's are [value, per] pairs. A sample of few distinct
       values (0/1 flags, token counts) is kept as `{"values": [...], "counts": [...]}`:
       1,000,000 error flags are two numbers, not a million.
+    - `per_task`: a run over a dataset, task by task (`plugin.per_task`); empty otherwise.
     - `schema_version`, `declared`: the shape of the file, and the declaration of each metric
       (unit, direction, statistic, column), so that a reader needs nothing of the benchmark
       installed now (`from_file_data` reads a file without them as version 1).
@@ -134,6 +136,7 @@ class RunSummary(BaseModel):
         "sample of their rollouts (past metrale's cap per metric), with how many rollouts "
         "had a value; their means, sums and ratios are still exact",
     )
+    per_task: list[TaskSummary] = Field(default_factory=list)
 
     def __repr_args__(self) -> Any:
         """Sizes, not the per-rollout numbers: asyncio's repr of a finished task reprs its

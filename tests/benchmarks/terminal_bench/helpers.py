@@ -62,3 +62,23 @@ def write_task(
     (task / "tests" / "test.sh").write_text(test)
     (task / "solution" / "solve.sh").write_text(solution)
     return task
+
+
+BROKEN_BUILD = DOCKERFILE + "RUN echo 'metrale-test: this build step fails' >&2 && false\n"
+
+
+def write_dataset(root: Path) -> Path:
+    """A dataset with known outcomes: `sums-right` passes every attempt, `sums-wrong` fails
+    every one, `build-fails` fails its image build, `wants-gpu` asks for a GPU (refused),
+    `no-toml` has no task.toml (skipped), and a file at the top is not a task."""
+    data = root / "dataset"
+    data.mkdir()
+    write_task(data, "sums-right")
+    write_task(data, "sums-wrong", solution=WRONG)
+    write_task(data, "build-fails", dockerfile=BROKEN_BUILD)
+    gpu = write_task(data, "wants-gpu")
+    (gpu / "task.toml").write_text((gpu / "task.toml").read_text() + "gpus = 1\n")
+    bare = write_task(data, "no-toml")
+    (bare / "task.toml").unlink()
+    (data / "README.md").write_text("not a task\n")
+    return data

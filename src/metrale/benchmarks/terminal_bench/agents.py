@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,12 +46,20 @@ class AgentOutcome:
 
 
 async def run_oracle(
-    runtime: Runtime, task: HarborTask, *, workdir: str | None, timeout_s: float
+    runtime: Runtime,
+    task: HarborTask,
+    *,
+    workdir: str | None,
+    timeout_s: float,
+    env: Mapping[str, str] | None = None,
 ) -> AgentOutcome:
-    """Copy solution/ to /solution and run solve.sh there as Harbor's oracle does."""
+    """Copy solution/ to /solution and run solve.sh there as Harbor's oracle does, with
+    task.toml's `[solution.env]` added to its environment."""
     started = time.perf_counter()
     await copy_dir(runtime, task.solution_dir, SOLUTION_DIR)
-    result = await runtime.run(["bash", f"{SOLUTION_DIR}/solve.sh"], cwd=workdir, timeout=timeout_s)
+    result = await runtime.run(
+        ["bash", f"{SOLUTION_DIR}/solve.sh"], cwd=workdir, timeout=timeout_s, env=env or None
+    )
     return AgentOutcome(
         agent="oracle",
         timed_out=result.timed_out,

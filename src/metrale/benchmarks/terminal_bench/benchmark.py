@@ -1,5 +1,11 @@
-"""terminal_bench: any task in the Harbor layout (Terminal-Bench 2's), in a fresh container per
-rollout, scored by the task's own tests.
+"""terminal_bench: any task in the Harbor layout (Terminal-Bench 2's), or a directory of them
+(a dataset, `dataset.py`), in a fresh container per rollout, scored by the task's own tests.
+
+A run is tasks x attempts rollouts: rollout `i` is attempt `i % attempts` of task
+`i // attempts`, and its record names both (`metrics.task`, `metrics.attempt`). The summary
+keeps a `TaskSummary` per task (`RunSummary.per_task`: attempts, reward, pass@1, pass@k,
+errors by type, stage p50s, or why the task was skipped) and the dataset's numbers (pass@1,
+pass@k, tasks solved) among its metrics.
 
 A rollout benchmark on the one engine (`metrale.rollout.RolloutBenchmark`). Once per run
 (`prepare`, before the rollouts, timed and logged apart): read the task, build its image (or
@@ -20,9 +26,12 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from metrale.benchmarks.terminal_bench import prepare as once
+from metrale.benchmarks.terminal_bench.dataset import Entry, Tally, is_dataset
 from metrale.benchmarks.terminal_bench.rollout import TaskRollout, TaskRun, task_runtime_config
+from metrale.errors import UsageError
 from metrale.fmt import duration_text, number_text
 from metrale.plugin import (
+    BenchmarkResult,
     Descriptor,
     Metric,
     ParamSpec,
@@ -30,6 +39,7 @@ from metrale.plugin import (
     RunSummary,
     max_tokens_param,
 )
+from metrale.plugin.per_task import dataset_line, dataset_numbers
 from metrale.rollout import RolloutBenchmark, RolloutRecord
 from metrale.runtime.base import Capability, RuntimeConfig
 
@@ -67,6 +77,14 @@ METRICS: tuple[Metric, ...] = (
     Metric("s_per_turn", "s", "lower", stat="ratio", value=_num("agent_s"),
            per=lambda r: r.turns if r.turns else None,
            doc="sum of agent time / sum of turns over model-agent rollouts"),
+    Metric("pass_at_1", "fraction", "higher", stat="value", column=True,
+           doc="mean over the tasks that ran of c/n: a task's passed attempts (reward >= 1) "
+           "over its attempts"),
+    Metric("pass_at_k", "fraction", "higher", stat="value", column=True,
+           doc="mean over the tasks that ran of the unbiased pass@k, 1 - C(n-c, k)/C(n, k), "
+           "k = the run's attempts per task"),
+    Metric("tasks_solved", "tasks", "higher", stat="value",
+           doc="tasks with at least one passed attempt"),
 )  # fmt: skip
 
 
@@ -88,7 +106,15 @@ class TerminalBenchBenchmark(RolloutBenchmark):
 
     def __init__(self) -> None:
         super().__init__()
-        self.task_run: TaskRun | None = None
+        self.entries: list[Entry] = []
+        self.runs: list[TaskRun] = []
+        self.attempts = 1
+        self.tally: Tally | None = None
+
+    @property
+    def task_run(self) -> TaskRun | None:
+        """The run's first (for one task, its only) task."""
+        return self.runs[0] if self.runs else None
 
     def extra_parameters(self) -> list[ParamSpec]:
         return [
@@ -97,8 +123,30 @@ class TerminalBenchBenchmark(RolloutBenchmark):
         ]  # fmt: skip
 
     def configured(self) -> None:
-        # the task is read now: a broken task directory stops the run before any work
-        self.task_run = once.task_run(self.values, max_tokens=self.values["max_tokens"])
+        # the tasks are read now: a broken task directory stops the run before any work
+        self.entries, self.runs = once.task_runs(self.values, max_tokens=self.values["max_tokens"])
+        single = len(self.entries) == 1 and not is_dataset(str(self.values["task"]))
+        attempts = self.values.get("attempts")
+        rollouts = int(self.values["rollouts"])
+        if single:
+            self.attempts = int(attempts) if attempts else rollouts
+        else:
+            self.attempts = int(attempts or 1)
+            if rollouts not in (1, len(self.runs) * self.attempts):
+                raise UsageError(
+                    f"--rollouts {rollouts}: a dataset runs tasks x attempts rollouts "
+                    f"({len(self.runs)} x {self.attempts}); accepted: --attempts K"
+                )
+        self.values["attempts"] = self.attempts
+        self.values["rollouts"] = len(self.runs) * self.attempts
+        self.tally = Tally(
+            attempts=self.attempts,
+            names=[e.name for e in self.entries],
+            skipped={e.name: e.skipped for e in self.entries if e.skipped is not None},
+        )
+
+    def run_of(self, index: int) -> TaskRun:
+        return self.runs[min(index // self.attempts, len(self.runs) - 1)]
 
     def needs_model(self) -> bool:
         agent: str = self.values.get("agent", "model")
@@ -110,37 +158,66 @@ class TerminalBenchBenchmark(RolloutBenchmark):
     def runtime_choice(self, runtime: RuntimeConfig | None) -> RuntimeConfig | None:
         chosen = super().runtime_choice(runtime)
         once.check_runtime(chosen)
-        if chosen is not None and self.task_run is not None:  # configured (a run, a cell)
+        if chosen is not None and self.runs:  # configured (a run, a cell)
             # before any work: an engine that answers, and every base image present locally
-            once.check_engine(self.task_run, self.values, chosen)
+            once.check_engine(self.runs, self.values, chosen)
         return chosen
 
+    async def load(self, handle: PluginHandle) -> None:
+        await super().load(handle)
+        if handle.resume is not None and self.tally is not None:  # the records kept
+            for row in handle.resume.records():
+                if row.get("index") in handle.resume.indices:
+                    self.on_rollout(RolloutRecord.model_validate(row))
+
     async def prepare(self, handle: PluginHandle) -> None:
-        assert handle.runtime is not None and self.task_run is not None
-        run = self.task_run
+        assert handle.runtime is not None and self.runs
         handle.on_status("image")
-        await once.build(run, self.values, handle.runtime, self.log)
+        await once.build_all(self.runs, self.values, handle.runtime, self.log)
+        run = self.runs[0]
         if run.agent == "model":
-            run.transcripts = handle.artifacts.run_dir / "transcripts"
-            await asyncio.to_thread(run.transcripts.mkdir, parents=True, exist_ok=True)
+            transcripts = handle.artifacts.run_dir / "transcripts"
+            await asyncio.to_thread(transcripts.mkdir, parents=True, exist_ok=True)
+            for each in self.runs:
+                each.transcripts = transcripts
+        unbounded = sorted(r.task.name for r in self.runs if r.task.environment.storage_mb)
+        if unbounded:
+            names = ", ".join(unbounded[:5])
+            self.log(f"storage_mb is not enforced by the {handle.runtime.type} runtime "
+                     f"(tasks {names}); see docs/runtimes.md", "warn")  # fmt: skip
         where = handle.runtime.type
-        network = "as the runtime sets it" if run.task.environment.allow_internet else "off"
+        offline = sum(1 for r in self.runs if not r.task.environment.allow_internet)
         self.log(
             f"terminal_bench runs the {run.agent} agent's commands only inside the {where} "
-            f"runtime (network {network})"
+            f"runtime ({len(self.runs)} tasks x {self.attempts} attempts; network off for "
+            f"{offline} of them by allow_internet, as the runtime sets it for the others)"
         )
 
     def runtime_for(self, config: RuntimeConfig, index: int) -> RuntimeConfig:
-        assert self.task_run is not None
-        return task_runtime_config(self.task_run, config)
+        return task_runtime_config(self.run_of(index), config)
 
     def make_task(self, index: int) -> TaskRollout:
-        assert self.task_run is not None
-        return TaskRollout(self.task_run, index)
+        return TaskRollout(self.run_of(index), index)
+
+    def on_rollout(self, record: RolloutRecord) -> None:
+        run = self.run_of(record.index)
+        record.metrics.update(task=run.task.name, attempt=record.index % self.attempts)
+        if self.tally is not None:
+            self.tally.add(run.task.name, record)
+
+    def final(self) -> BenchmarkResult:
+        result = super().final()
+        if result.measured is not None and self.tally is not None:
+            result.measured.per_task = self.tally.summaries()
+        return result
 
     def summary_text(self, summary: RunSummary) -> str:
         m = summary.metrics
         reward = summary.reward_mean
+        if len(self.entries) > 1 and self.tally is not None:
+            return dataset_line(self.tally.summaries(), self.attempts) + (
+                f" · e2e {duration_text(summary.e2e_s)}"
+            )
         image = self.task_run.image if self.task_run else None
         build = (
             ""
@@ -155,6 +232,15 @@ class TerminalBenchBenchmark(RolloutBenchmark):
 
     def counters(self) -> dict[str, float | int | None]:
         out = super().counters()
+        if self.tally is not None:
+            out.update(dataset_numbers(self.tally.summaries(), self.attempts))
+        images = {r.image.tag: r.image for r in self.runs if r.image is not None}
+        if len(images) > 1:
+            built = [i for i in images.values() if not i.cached]
+            out["images"] = len(images)
+            out["image_build_s"] = sum(i.build_s for i in built)
+            out["image_cached"] = len(images) - len(built)
+            return out
         image = self.task_run.image if self.task_run else None
         if image is not None:
             out["image_build_s"] = image.build_s

@@ -43,7 +43,18 @@ BASE_NAME = "localhost/metrale-builder-base"
 
 
 class BuilderError(Exception):
-    """A step of the namespaced build failed; the message is its stderr's tail."""
+    """A step of the namespaced build failed; the message is its output's tail."""
+
+
+#: How much of a failed build's log a rollout keeps (its last lines).
+LOG_TAIL_LINES = 20
+LOG_TAIL_CHARS = 2000
+
+
+def log_tail(text: str) -> str:
+    """The last `LOG_TAIL_LINES` non-empty lines of a build's log, at most `LOG_TAIL_CHARS`."""
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip() and "DEPRECATED" not in ln]
+    return "\n".join(lines[-LOG_TAIL_LINES:])[-LOG_TAIL_CHARS:]
 
 
 def subuid_range_ok(
@@ -135,7 +146,14 @@ class Builder:
         return code == 0
 
     async def build(
-        self, cli: str, context_tar: bytes, base_ids: list[str], label: str, *, timeout: float
+        self,
+        cli: str,
+        context_tar: bytes,
+        base_ids: list[str],
+        label: str,
+        *,
+        timeout: float,
+        extra: list[str] | None = None,
     ) -> str:
         """Builds the context in the namespace and loads the image into `cli`'s engine;
         returns its id there. Leaves nothing in the builder's store but the base images."""
@@ -146,12 +164,14 @@ class Builder:
                 if not await self.has(image_id, timeout=timeout):
                     await self._transfer_in(cli, image_id, work, timeout=timeout)
             script = 'mkdir "$1/context" && tar -x -C "$1/context" && shift && exec podman "$@"'
-            argv = ["build", "-q", "--pull=never", "--isolation", "chroot", "--layers=false"]
-            argv += ["--label", label, "-f", f"{work}/context/Dockerfile", f"{work}/context"]
-            out = await self._run(
-                "sh", "-c", script, "build", str(work), *argv, stdin=context_tar, timeout=timeout
-            )
-            built = out.decode().strip().splitlines()[-1].removeprefix("sha256:")
+            argv = ["build", "--pull=never", "--isolation", "chroot", "--layers=false"]
+            argv += [*(extra or []), "--iidfile", f"{work}/iid", "--label", label]
+            argv += ["-f", f"{work}/context/Dockerfile", f"{work}/context"]
+            command = self.argv("sh", "-c", script, "build", str(work), *argv)
+            code, out, err = await run_bytes(command, stdin=context_tar, timeout=timeout)
+            if code != 0:  # the RUN steps' output is the build log: its tail says why
+                raise BuilderError(log_tail(out.decode(errors="replace") + err) or f"exit {code}")
+            built = (work / "iid").read_text().strip().removeprefix("sha256:")
             try:
                 await self._run("podman", "save", "-o", f"{work}/image.tar", built, timeout=timeout)
             finally:

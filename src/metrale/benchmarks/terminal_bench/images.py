@@ -2,9 +2,11 @@
 cached by a hash of what went into it, and (for bwrap) its root file system exported once.
 
 No registry is ever asked. Every `FROM` image must already be in the engine, or be mapped to
-one that is (`base_image` mappings, `NAME=LOCAL`); `debian:bookworm` resolves to metrale's own
-base image. The build gets the Dockerfile with each `FROM` rewritten to the local image's id,
-so that neither the docker CLI's legacy builder nor podman can try a pull. The tag is
+one that is (`base_image` mappings, `NAME=LOCAL`, and the defaults of `build_policy`:
+`debian:bookworm` and the public Terminal-Bench base images run on metrale's own base image).
+What the build's RUN steps may reach (network, the host's CA bundle) is `build_policy` too.
+The build gets the Dockerfile with each `FROM` rewritten to the local image's id, so that
+neither the docker CLI's legacy builder nor podman can try a pull. The tag is
 `metrale-task/<name>:<hash>` where the hash covers every file of the environment directory
 (path, executable bit, content) and the ids of the base images: an edited task or a rebuilt
 base image builds again, anything else is reused. The build is timed apart from every
@@ -31,31 +33,41 @@ import subprocess
 import tarfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from metrale.benchmarks.terminal_bench.build_mounts import check_mounts
-from metrale.benchmarks.terminal_bench.builder import Builder, BuilderError, find_builder
+from metrale.benchmarks.terminal_bench.build_policy import BuildPolicy, local_base
+from metrale.benchmarks.terminal_bench.builder import (
+    Builder,
+    BuilderError,
+    find_builder,
+    log_tail,
+)
 from metrale.benchmarks.terminal_bench.task import HarborTask
 from metrale.errors import UsageError
-from metrale.runtime.configs import DEFAULT_IMAGE
 from metrale.runtime.docker import is_podman, run_bytes
 from metrale.runtime.procs import killpg
 
 logger = logging.getLogger(__name__)
+#: A build with the network and no CA bundle offered (a caller that chose no policy).
+DEFAULT_POLICY = BuildPolicy()
 
-#: Base images that need no mapping: metrale's engine builds this one offline.
-BUILTIN_BASES = {"debian:bookworm": DEFAULT_IMAGE, "debian:12": DEFAULT_IMAGE}
 BASE_IMAGE_OPTION = "--base-image NAME=LOCAL"
 #: How long an `image inspect`, `create`, `rm` may take before the engine counts as hung.
 CLI_TIMEOUT_S = 120.0
 
 
 class ImageBuildError(Exception):
-    """The task's image could not be built: recorded on every rollout of the run."""
+    """The task's image could not be built: recorded on every rollout of the task, with the
+    build log's tail (`log`) in the record's metrics."""
 
     kind = "image_build"
+
+    def __init__(self, message: str, log: str = "") -> None:
+        super().__init__(message)
+        self.log = log
 
 
 @dataclass
@@ -141,7 +153,7 @@ async def resolve_bases(task: HarborTask, cli: str, mapping: Mapping[str, str]) 
     runs on. One that is absent is a UsageError naming it and the option that maps it."""
     resolved: dict[str, str] = {}
     for name in _wanted(task):
-        local = mapping.get(name) or BUILTIN_BASES.get(name) or name
+        local = local_base(name, mapping)
         info = await inspect(cli, local)
         if info is None:
             raise _absent(task, name, local)
@@ -153,7 +165,7 @@ def check_bases(task: HarborTask, cli: str, mapping: Mapping[str, str]) -> None:
     """Blocking `resolve_bases`, for the checks made before a run starts (one line, exit 2);
     it may be called from inside the event loop's thread, so it never runs a loop itself."""
     for name in _wanted(task):
-        local = mapping.get(name) or BUILTIN_BASES.get(name) or name
+        local = local_base(name, mapping)
         try:
             probe = subprocess.run(
                 [cli, "image", "inspect", "--format", "{{.Id}}", local],
@@ -209,7 +221,12 @@ def _context_tar(task: HarborTask, dockerfile: str) -> bytes:
 
 
 async def ensure_image(
-    task: HarborTask, cli: str, mapping: Mapping[str, str], *, build_timeout_s: float
+    task: HarborTask,
+    cli: str,
+    mapping: Mapping[str, str],
+    *,
+    build_timeout_s: float,
+    policy: BuildPolicy = DEFAULT_POLICY,
 ) -> TaskImage:
     """The task's image, built now or reused from the cache. Bad input (an absent base image)
     raises UsageError; a build that fails raises ImageBuildError with the build's last lines."""
@@ -217,7 +234,7 @@ async def ensure_image(
     started = time.perf_counter()
     if task.environment.docker_image and task.dockerfile is None:
         tag, cached = task.environment.docker_image, True
-        tag = mapping.get(tag) or BUILTIN_BASES.get(tag) or tag
+        tag = local_base(tag, mapping)
     else:
         assert task.dockerfile is not None
         check_mounts(task.name, task.dockerfile.text)  # a HarborTask not made by load_task
@@ -226,9 +243,11 @@ async def ensure_image(
         if not cached:
             builder = await asyncio.to_thread(find_builder)
             if builder is not None:
-                await _build_in_namespace(builder, task, cli, tag, base_ids, build_timeout_s)
+                await _build_in_namespace(
+                    builder, task, cli, tag, base_ids, build_timeout_s, policy
+                )
             else:
-                await _build_in_engine(task, cli, tag, base_ids, build_timeout_s)
+                await _build_in_engine(task, cli, tag, base_ids, build_timeout_s, policy)
     info = await inspect(cli, tag)
     if info is None:
         raise ImageBuildError(f"image {tag} is not in the engine after its build")
@@ -252,30 +271,45 @@ async def _build_in_namespace(
     tag: str,
     base_ids: Mapping[str, str],
     timeout_s: float,
+    policy: BuildPolicy = DEFAULT_POLICY,
 ) -> None:
     """The build as root of an unprivileged user namespace (builder.py), tagged in the engine."""
     assert task.dockerfile is not None
     bare = {name: image_id.removeprefix("sha256:") for name, image_id in base_ids.items()}
-    payload = _context_tar(task, _rewrite_from(task.dockerfile.text, bare))
+    text = policy.dockerfile(_rewrite_from(task.dockerfile.text, bare))
+    payload = _context_tar(task, text)
     label = "metrale.task=" + task.name
     try:
         async with asyncio.timeout(timeout_s):
             built = await builder.build(
-                cli, payload, list(dict.fromkeys(bare.values())), label, timeout=timeout_s
+                cli,
+                payload,
+                list(dict.fromkeys(bare.values())),
+                label,
+                timeout=timeout_s,
+                extra=policy.engine_args(),
             )
     except TimeoutError:
         raise ImageBuildError(
             f"building {task.name}'s image did not finish in {timeout_s:g} s"
         ) from None
     except BuilderError as exc:
-        raise ImageBuildError(f"building {task.name}'s image failed: {exc}") from None
+        last = str(exc).splitlines()[-1] if str(exc) else ""
+        raise ImageBuildError(
+            f"building {task.name}'s image failed: {last[:300]}", log=str(exc)
+        ) from None
     code, _, err = await _cli(cli, "tag", built, tag)
     if code != 0:
         raise ImageBuildError(f"cannot tag {task.name}'s built image as {tag}: {err.strip()}")
 
 
 async def _build_in_engine(
-    task: HarborTask, cli: str, tag: str, base_ids: Mapping[str, str], timeout_s: float
+    task: HarborTask,
+    cli: str,
+    tag: str,
+    base_ids: Mapping[str, str],
+    timeout_s: float,
+    policy: BuildPolicy = DEFAULT_POLICY,
 ) -> None:
     """The engine's own build, where the namespaced builder cannot run (not root, no subuid
     range): only build_mounts' refusal stands between the Dockerfile and host root."""
@@ -283,12 +317,14 @@ async def _build_in_engine(
     argv = ["build", "-q", "-t", tag, "--label", "metrale.task=" + task.name]
     if is_podman(cli):
         argv.append("--pull=never")
-    payload = _context_tar(task, _rewrite_from(task.dockerfile.text, base_ids))
+    else:  # `docker build` mounts no volume: the CA bundle cannot be offered there
+        policy = replace(policy, ca_file=None)
+    argv += policy.engine_args()
+    payload = _context_tar(task, policy.dockerfile(_rewrite_from(task.dockerfile.text, base_ids)))
     code, _, err = await _cli(cli, *argv, "-", stdin=payload, timeout=timeout_s)
     if code != 0:
-        lines = [ln for ln in err.strip().splitlines() if "DEPRECATED" not in ln]
-        tail = " | ".join(lines[-3:])[:400] or f"exit {code}"
-        raise ImageBuildError(f"building {task.name}'s image failed: {tail}")
+        log = log_tail(err) or f"exit {code}"
+        raise ImageBuildError(f"building {task.name}'s image failed: {log.splitlines()[-1]}", log)
 
 
 def rootfs_cache() -> Path:

@@ -1,28 +1,38 @@
 """Everything terminal_bench does once per run, before any rollout: its parameters, the runtime
-check, reading the task, building (or reusing) its image and, for bwrap, exporting its root.
+check, reading the task (or the dataset's tasks, `dataset.py`), building (or reusing) their
+images and, for bwrap, exporting their roots.
 
-The image build is timed and logged here, apart from every rollout's setup. A build that fails
-does not stop the run: it is kept on the `TaskRun`, and every rollout records it as its error
-(`image_build`), so a matrix over many cells shows the failure in each cell's errors. A task or
-base image that is wrong is the user's mistake: `UsageError`, before any work.
+The image builds are timed and logged here, apart from every rollout's setup: once per distinct
+environment (tasks whose environment directories and base images are the same share one
+image), `build_concurrency` at a time. A build that fails does not stop the run: it is kept on
+the task's `TaskRun`, and each of its rollouts records it as its error (`image_build`), so a
+matrix over many cells shows the failure in each cell's errors. A single task or base image
+that is wrong is the user's mistake: `UsageError`, before any work; in a dataset, a task whose
+base image is absent fails its build, and the others run.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from metrale.agent import DEFAULT_SYSTEM_PROMPT, AgentConfig
 from metrale.benchmarks.terminal_bench.agents import AGENTS
+from metrale.benchmarks.terminal_bench.build_policy import policy
+from metrale.benchmarks.terminal_bench.dataset import Entry, is_dataset, load_dataset
 from metrale.benchmarks.terminal_bench.images import (
     ImageBuildError,
+    TaskImage,
     check_bases,
+    context_hash,
     ensure_image,
     export_rootfs,
     parse_base_images,
 )
 from metrale.benchmarks.terminal_bench.rollout import TaskRun
-from metrale.benchmarks.terminal_bench.task import load_task
+from metrale.benchmarks.terminal_bench.task import HarborTask, load_task, refusals
 from metrale.errors import UsageError
 from metrale.plugin import ParamSpec
 from metrale.runtime.base import Capability, RuntimeConfig
@@ -37,8 +47,28 @@ RUNTIME_REASON = "a task needs its own container image's file system and root in
 def extra_parameters() -> list[ParamSpec]:
     return [
         ParamSpec(name="task", type="str", default="fix-git",
-                  help="a Harbor task directory, or a task shipped with metrale "
-                  "(fix-git, fix-money, log-summary)"),
+                  help="a Harbor task directory, a directory of them (a dataset), or a task "
+                  "shipped with metrale (fix-git, fix-money, log-summary)"),
+        ParamSpec(name="tasks", type="str", default="",
+                  help="a dataset's tasks to run, by name (a comma list; default: all)"),
+        ParamSpec(name="task_filter", type="str", default="",
+                  help="a dataset's tasks whose name matches this glob (e.g. 'fix-*')"),
+        ParamSpec(name="attempts", type="int", default=None, min=1, max=100_000,
+                  nullable=True,
+                  help="attempts per task, each a rollout in a fresh sandbox (default: 1 for "
+                  "a dataset; --rollouts for one task); a dataset runs tasks x attempts"),
+        ParamSpec(name="strict", type="bool", default=False,
+                  help="a dataset task that cannot run (refused, unreadable) stops the run "
+                  "instead of being skipped with its reason"),
+        ParamSpec(name="build_network", type="bool", default=True,
+                  help="image builds may reach what the machine reaches (package registries); "
+                  "--no-build-network builds offline. Rollouts follow allow_internet"),
+        ParamSpec(name="build_ca", type="bool", default=True,
+                  help="offer the host's CA bundle to builds' RUN steps (pip, curl behind a "
+                  "proxy the host trusts); --no-build-ca does not"),
+        ParamSpec(name="build_concurrency", type="int", default=None, min=1, max=64,
+                  nullable=True,
+                  help="image builds at once (default: half the CPUs, 1 to 4)"),
         ParamSpec(name="agent", type="str", default="model", choices=list(AGENTS),
                   help="model: the shell agent loop on the target; oracle: the task's "
                   "solution/solve.sh, no model; nop: does nothing (its score must be 0)"),
@@ -55,7 +85,9 @@ def extra_parameters() -> list[ParamSpec]:
                   help="the image build's time (default: task.toml build_timeout_sec)"),
         ParamSpec(name="base_image", type="str", default="",
                   help="NAME=LOCAL[,NAME=LOCAL...]: build FROM NAME on the local image LOCAL "
-                  "(--base-image; debian:bookworm is metrale's base image already)"),
+                  "(--base-image, once for the run or dataset; NAME may be a glob; "
+                  "debian:bookworm and the public Terminal-Bench bases map to "
+                  "metrale/base:bookworm by default)"),
     ]  # fmt: skip
 
 
@@ -99,6 +131,32 @@ def task_run(values: Mapping[str, Any], *, max_tokens: int | None = 4096) -> Tas
     task = load_task(str(values["task"]))
     if values["agent"] == "oracle" and not task.has_solution:
         raise UsageError(f"task {task.path}: solution/solve.sh is missing; agent=oracle runs it")
+    reasons = refusals(task)
+    if reasons:
+        raise UsageError(reasons[0])
+    return run_of(task, values, max_tokens=max_tokens)
+
+
+def task_runs(
+    values: Mapping[str, Any], *, max_tokens: int | None = 4096
+) -> tuple[list[Entry], list[TaskRun]]:
+    """Every task the run names (one, or a dataset's) and the runs of those that can run."""
+    spec = str(values["task"])
+    if not is_dataset(spec):
+        if values.get("tasks") or values.get("task_filter"):
+            raise UsageError(f"--tasks and --task-filter choose within a dataset; {spec} is "
+                             "one task (a directory with task.toml)")  # fmt: skip
+        run = task_run(values, max_tokens=max_tokens)
+        return [Entry(name=run.task.name, path=run.task.path, task=run.task)], [run]
+    entries = load_dataset(
+        spec, names=str(values.get("tasks") or ""), pattern=str(values.get("task_filter") or ""),
+        agent=str(values["agent"]), strict=bool(values.get("strict")),
+    )  # fmt: skip
+    runs = [run_of(e.task, values, max_tokens=max_tokens) for e in entries if e.task is not None]
+    return entries, runs
+
+
+def run_of(task: HarborTask, values: Mapping[str, Any], *, max_tokens: int | None) -> TaskRun:
     return TaskRun(
         task=task,
         agent=str(values["agent"]),
@@ -113,15 +171,55 @@ def task_run(values: Mapping[str, Any], *, max_tokens: int | None = 4096) -> Tas
     )
 
 
-def check_engine(run: TaskRun, values: Mapping[str, Any], config: RuntimeConfig) -> None:
-    """Blocking, before any work: the engine that builds images answers, and every base image
-    of the task is present locally (each a UsageError naming what is missing and the fix)."""
+def check_engine(runs: list[TaskRun], values: Mapping[str, Any], config: RuntimeConfig) -> None:
+    """Blocking, before any work: the engine that builds images answers, and for one task every
+    base image is present locally (each a UsageError naming what is missing and the fix; in a
+    dataset an absent base fails that task's build only)."""
     cli = engine_cli(config)
     inner = getattr(config, "inner", config)
     # the image builder's engine: the docker runtime's own check probes it, once per run
     engine = inner if inner.type == "docker" else runtime_config("docker", cli=cli)
     check_machine(engine)
-    check_bases(run.task, cli, parse_base_images(values.get("base_image")))
+    mapping = parse_base_images(values.get("base_image"))
+    if len(runs) == 1 and not is_dataset(str(values["task"])):
+        check_bases(runs[0].task, cli, mapping)
+
+
+def build_concurrency(values: Mapping[str, Any]) -> int:
+    """Builds at once: the parameter, else half the CPUs, at least 1 and at most 4 (a build
+    is CPU- and disk-bound, and the engine is shared with the rollouts)."""
+    given = values.get("build_concurrency")
+    return int(given) if given else max(1, min(4, (os.cpu_count() or 2) // 2))
+
+
+async def build_all(
+    runs: list[TaskRun],
+    values: Mapping[str, Any],
+    config: RuntimeConfig,
+    log: Callable[[str, Literal["info", "warn", "error"]], None],
+) -> None:
+    """Each distinct environment's image once, `build_concurrency` at a time, onto every run
+    that shares it (a failure too)."""
+    groups: dict[str, list[TaskRun]] = {}
+    for run in runs:
+        key = await asyncio.to_thread(_environment_key, run.task)
+        groups.setdefault(key, []).append(run)
+    gate = asyncio.Semaphore(build_concurrency(values))
+
+    async def one(group: list[TaskRun]) -> None:
+        async with gate:
+            await build(group[0], values, config, log)
+        for other in group[1:]:
+            other.image, other.build_error = group[0].image, group[0].build_error
+
+    await asyncio.gather(*(one(group) for group in groups.values()))
+
+
+def _environment_key(task: HarborTask) -> str:
+    """What makes two tasks' images the same: the environment directory's files and the base
+    images named (their ids are checked by the build's own hash)."""
+    bases = task.dockerfile.bases if task.dockerfile else ()
+    return f"{context_hash(task, {})} {task.environment.docker_image} {' '.join(bases)}"
 
 
 async def build(
@@ -135,11 +233,20 @@ async def build(
     cli = engine_cli(config)
     mapping = parse_base_images(values.get("base_image"))
     timeout = float(values.get("build_timeout_s") or run.task.environment.build_timeout_s)
+    image: TaskImage | None = None
     try:
-        image = await ensure_image(run.task, cli, mapping, build_timeout_s=timeout)
+        image = await ensure_image(
+            run.task, cli, mapping, build_timeout_s=timeout, policy=policy(values)
+        )
+    except UsageError as exc:  # an absent base image of a dataset's task: its build fails
+        if not is_dataset(str(values["task"])):
+            raise
+        run.build_error = ImageBuildError(str(exc))
     except ImageBuildError as exc:
         run.build_error = exc
-        log(f"image build failed; every rollout records it: {exc}", "error")
+    if image is None:
+        log(f"task {run.task.name}: image build failed; its rollouts record it: "
+            f"{run.build_error}", "error")  # fmt: skip
         return
     run.image = image
     how = "reused (cached)" if image.cached else f"built in {image.build_s:.2f} s"

@@ -3,10 +3,11 @@
 - **setup**: the driver starts a fresh container (or bwrap sandbox over the task image's
   root); nothing else, so setup is the container start. A failed image build is raised here,
   as `image_build`, on every rollout.
-- **generation**: the agent (`oracle`: solve.sh; `model`: the shell agent loop) under the
-  agent timeout, starting in the image's WORKDIR.
-- **scoring**: the verifier (tests/ copied to /tests now, test.sh under the verifier timeout);
-  reward = the number test.sh wrote.
+- **generation**: the agent (`oracle`: solve.sh with `[solution.env]`; `model`: the shell
+  agent loop) under the agent timeout, starting in task.toml's `[environment] workdir`, else
+  the image's WORKDIR.
+- **scoring**: the verifier (tests/ copied to /tests now, test.sh under the verifier timeout,
+  with `[verifier.env]`); reward = the number test.sh wrote.
 
 A record keeps: `turns` and tokens (model), and in `metrics` the agent's kind, exit and
 duration, tool calls, turn-cap and parse counters, the verifier's exit code and output (capped),
@@ -66,7 +67,7 @@ class TaskRun:
             image=image.tag if image else None,
             rootfs=str(image.rootfs) if image and image.rootfs else None,
             context=str(self.task.path / "environment"),
-            workdir=image.workdir if image else None,
+            workdir=env.workdir or (image.workdir if image else None),
             env=dict(image.env) if image else {},
             cpus=env.cpus,
             memory_mb=env.memory_mb,
@@ -91,6 +92,9 @@ class TaskRollout:
 
     async def setup(self, ctx: RolloutContext) -> None:
         if self.run.build_error is not None:
+            log = getattr(self.run.build_error, "log", "")
+            if log:
+                ctx.record.metrics["build_log"] = log
             raise self.run.build_error
         if self.run.image is not None:
             ctx.record.metrics.update(image=self.run.image.tag)
@@ -106,8 +110,9 @@ class TaskRollout:
             self.outcome = nop_outcome()
         elif run.agent == "oracle":
             self.outcome = await run_oracle(
-                runtime, run.task, workdir=workdir, timeout_s=run.agent_timeout_s
-            )
+                runtime, run.task, workdir=workdir, timeout_s=run.agent_timeout_s,
+                env=run.task.solution_env,
+            )  # fmt: skip
         else:
             assert ctx.client is not None, "agent=model needs the run's chat client"
             transcript = run.transcripts / f"{self.index}.jsonl" if run.transcripts else None
@@ -124,8 +129,9 @@ class TaskRollout:
         metrics = ctx.record.metrics
         try:
             result = await verify(
-                runtime, run.task.tests_dir, workdir=workdir, timeout_s=run.verifier_timeout_s
-            )
+                runtime, run.task.tests_dir, workdir=workdir, timeout_s=run.verifier_timeout_s,
+                env=run.task.verifier_env,
+            )  # fmt: skip
         except Exception as exc:
             partial = getattr(exc, "result", None)
             if partial is not None:

@@ -3,14 +3,17 @@
 A task is a directory: `instruction.md` (the prompt, verbatim), `task.toml` (`version`,
 `[metadata]`, `[agent] timeout_sec`, `[verifier] timeout_sec`, `[environment]` with
 `build_timeout_sec`, `cpus`, `memory_mb` or `memory = "2G"`, `storage_mb`, `allow_internet`,
-`docker_image`), `environment/Dockerfile` and its build context, `tests/test.sh` (copied to
-`/tests` after the agent, run as root, writes `/logs/verifier/reward.txt` or `reward.json`),
-and optionally `solution/solve.sh` (what the oracle agent runs).
+`docker_image`, `workdir`, `gpus`, `mcp_servers`), `[verifier.env]` and `[solution.env]`
+(string variables for test.sh and solve.sh), `environment/Dockerfile` and its build context,
+`tests/test.sh` (copied to `/tests` after the agent, run as root, writes
+`/logs/verifier/reward.txt` or `reward.json`), and optionally `solution/solve.sh` (what the
+oracle agent runs).
 
 Every way a task directory can be wrong is a `UsageError` naming the file and the problem, so
 that a run with a broken task stops before an image is built or a sandbox started. Keys this
 reader does not know are accepted (Harbor adds sections over time); known keys of the wrong type
-are not.
+are not. Fields a task may carry but no runtime here provides (`gpus > 0`, `mcp_servers`) are
+not errors of the file: `refusals` names them, and the dataset skips that task with the reason.
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ class Environment:
     storage_mb: int | None = None
     allow_internet: bool = True
     docker_image: str | None = None
+    #: where the agent starts (and solve.sh, test.sh run): overrides the image's WORKDIR
+    workdir: str | None = None
+    gpus: int = 0
+    #: `[[environment.mcp_servers]]`: MCP servers the agent is to be given
+    mcp_servers: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,10 @@ class HarborTask:
     dockerfile: Dockerfile | None
     has_solution: bool
     extra: dict[str, Any] = field(default_factory=dict)
+    #: `[verifier.env]`: added to test.sh's environment
+    verifier_env: dict[str, str] = field(default_factory=dict)
+    #: `[solution.env]`: added to solve.sh's environment (the oracle)
+    solution_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def environment_dir(self) -> Path:
@@ -138,7 +150,11 @@ def load_task(spec: str) -> HarborTask:
         storage_mb=_number(env, "storage_mb", where, None, bound=STORAGE_MB),
         allow_internet=_bool(env, "allow_internet", where, True),
         docker_image=_str(env, "docker_image", where),
+        workdir=_workdir(env, where),
+        gpus=int(_number(env, "gpus", where, 0, bound=GPUS)),
+        mcp_servers=_mcp_servers(env, where),
     )
+    solution = _table(data, "solution", where)
     dockerfile_path = path / "environment" / "Dockerfile"
     dockerfile = None
     if dockerfile_path.is_file():
@@ -165,10 +181,61 @@ def load_task(spec: str) -> HarborTask:
         dockerfile=dockerfile,
         has_solution=(path / "solution" / "solve.sh").is_file(),
         extra={k: v for k, v in data.items() if k not in _KNOWN},
+        verifier_env=_env(verifier, "verifier", where),
+        solution_env=_env(solution, "solution", where),
     )
 
 
-_KNOWN = ("version", "metadata", "agent", "verifier", "environment")
+_KNOWN = ("version", "metadata", "agent", "verifier", "environment", "solution")
+
+
+def refusals(task: HarborTask, *, provides: frozenset[str] = frozenset()) -> list[str]:
+    """What the task asks for that no runtime here gives, one line each naming the task and
+    the field (`provides`: what the chosen runtime declares it gives, e.g. "gpus")."""
+    where = f"task {task.name}: task.toml [environment]"
+    found = []
+    if task.environment.gpus > 0 and "gpus" not in provides:
+        found.append(f"{where} gpus = {task.environment.gpus}: no runtime here provides GPUs")
+    if task.environment.mcp_servers and "mcp_servers" not in provides:
+        n = len(task.environment.mcp_servers)
+        found.append(f"{where} mcp_servers ({n}): no agent here is given MCP servers")
+    return found
+
+
+#: GPUs a task may ask for (only 0 runs here).
+GPUS = Bound(0, 1024, integer=True, unit="GPUs")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _env(table: dict[str, Any], section: str, where: str) -> dict[str, str]:
+    """`[<section>.env]`: NAME = "value" (numbers and booleans written as text)."""
+    value = table.get("env", {})
+    if not isinstance(value, dict):
+        raise UsageError(f'{where}: [{section}.env] must be a table of NAME = "value"')
+    out: dict[str, str] = {}
+    for name, item in value.items():
+        if not _ENV_NAME.match(name):
+            raise UsageError(f"{where}: [{section}.env] {name!r} is not a variable name")
+        if isinstance(item, bool):
+            item = "true" if item else "false"
+        if not isinstance(item, str | int | float) or "\0" in str(item):
+            raise UsageError(f"{where}: [{section}.env] {name} must be a string, not {item!r}")
+        out[name] = str(item)
+    return out
+
+
+def _workdir(table: dict[str, Any], where: str) -> str | None:
+    value = _str(table, "workdir", where)
+    if value is not None and (not value.startswith("/") or "\0" in value):
+        raise UsageError(f"{where}: [environment] workdir {value!r} must be an absolute path")
+    return value
+
+
+def _mcp_servers(table: dict[str, Any], where: str) -> tuple[Any, ...]:
+    value = table.get("mcp_servers", [])
+    if not isinstance(value, list):
+        raise UsageError(f"{where}: [environment] mcp_servers must be a list of tables")
+    return tuple(value)
 
 
 def _table(data: dict[str, Any], name: str, where: str) -> dict[str, Any]:

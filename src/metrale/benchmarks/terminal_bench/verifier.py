@@ -18,6 +18,7 @@ import asyncio
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,10 +120,16 @@ async def reset(runtime: Runtime) -> None:
 
 
 async def verify(
-    runtime: Runtime, tests: Path, *, workdir: str | None, timeout_s: float
+    runtime: Runtime,
+    tests: Path,
+    *,
+    workdir: str | None,
+    timeout_s: float,
+    env: Mapping[str, str] | None = None,
 ) -> VerifierResult:
-    """Copy `tests`, run test.sh, read the reward; raises the typed errors above, each carrying
-    the result so far as `.result` (the record keeps the verifier's output either way)."""
+    """Copy `tests`, run test.sh (task.toml's `[verifier.env]` added to its environment), read
+    the reward; raises the typed errors above, each carrying the result so far as `.result`
+    (the record keeps the verifier's output either way)."""
     try:  # nothing of the agent's phase runs past this point
         await runtime.kill_commands()
     except OSError as exc:
@@ -130,7 +137,9 @@ async def verify(
         raise SandboxIOError(why) from exc
     await reset(runtime)
     await copy_dir(runtime, tests, TESTS_DIR)
-    run = await runtime.run(["bash", f"{TESTS_DIR}/test.sh"], cwd=workdir, timeout=timeout_s)
+    run = await runtime.run(
+        ["bash", f"{TESTS_DIR}/test.sh"], cwd=workdir, timeout=timeout_s, env=env or None
+    )
     result = VerifierResult(
         exit_code=run.exit_code,
         output=keep(run.stdout + run.stderr),
