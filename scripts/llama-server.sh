@@ -32,12 +32,24 @@ python=${PYTHON:-python}
 bindir=$("$python" -c 'import sys, os; print(os.path.dirname(sys.executable))')
 
 if ! "$binary" --version >/dev/null 2>&1; then
-    for tool in cmake c++; do
-        command -v "$tool" >/dev/null || {
-            echo "scripts/llama-server.sh: $tool is missing (apt-get install cmake g++)" >&2
-            exit 2
-        }
+    # cmake and a C++ compiler: installed from Debian's packages where this user may (root,
+    # or sudo without a password), else named in one line
+    missing=()
+    for tool in cmake:cmake c++:g++ make:make; do
+        command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
     done
+    if ((${#missing[@]})); then
+        sudo=""
+        [ "$(id -u)" = 0 ] || sudo="sudo -n"
+        if command -v apt-get >/dev/null && $sudo true 2>/dev/null; then
+            export DEBIAN_FRONTEND=noninteractive
+            $sudo apt-get update -qq
+            $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+        else
+            echo "scripts/llama-server.sh: ${missing[*]} missing (apt-get install ${missing[*]})" >&2
+            exit 2
+        fi
+    fi
     echo "building llama-server $key (about 10 minutes on 2 cores)..." >&2
     started=$(date +%s)
     work="$cache/work"
