@@ -135,6 +135,6 @@ def test_every_table_writes_numbers_as_fmt_does() -> None:
     agentic = AgenticWebserverBenchmark.summary_text(agentic_bench, summary)
     assert "s/turn 0.123" in agentic and "e2e 12.3 ms" in agentic
     terminal = object.__new__(TerminalBenchBenchmark)
-    terminal.task_run = None
+    terminal.runs, terminal.entries, terminal.tally = [], [], None  # no task read: no image
     text = TerminalBenchBenchmark.summary_text(terminal, summary)
     assert "reward 0.123" in text and "e2e 12.3 ms" in text

@@ -71,9 +71,10 @@ def test_a_sweep_page_renders_with_no_page_error(sweep: Path, tmp_path: Path) ->
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", text)  # nothing to fetch
     dom, console = render(page, tmp_path, "#selftest")
     assert console == []
-    assert body_data(dom, "rendered") == "4"  # four stage panels
-    tips = json.loads(body_data(dom, "tips"))
     cells = read_cells(sweep)
+    # four stage panels, and each cell's two server-telemetry panels (the sim serves /metrics)
+    assert body_data(dom, "rendered") == str(4 + 2 * len(cells))
+    tips = json.loads(body_data(dom, "tips"))
     assert len(tips) == 4 * len(cells)  # every cell has data in every stage panel
     # hovering a point names its cell and its p10/p50/p90
     generation = tips[len(cells) : 2 * len(cells)]

@@ -35,7 +35,10 @@ def test_exec_times_out_with_124(name: str, marker: str) -> None:
     ("args", "message"),
     [
         (["exec", "--", "true"], "needs --runtime"),
-        (["exec", "--runtime", "nope", "--", "true"], "accepted: subprocess, bwrap, docker, ray"),
+        (
+            ["exec", "--runtime", "nope", "--", "true"],
+            "accepted: bwrap, docker, modal, prime, ray, subprocess",
+        ),
         (["exec", "--runtime", "subprocess"], "needs a command"),
         (["exec", "--runtime", "subprocess", "--image", "x", "--", "true"], "do not apply"),
         (["exec", "--runtime", "bwrap", "--ro-bind", "/nonexistent", "--", "true"], "bind source"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import math
 import os
 import types
 import typing
@@ -140,9 +141,9 @@ def add_runtime_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None
         metavar="BYTES",
         help="stdout/stderr kept per command, head and tail (default 1 MiB)",
     )
-    for flag, (runtime, _, kind, text) in (own_flags() if _OWN_WANTED[0] else {}).items():
-        g.add_argument(flag, dest=_dest(flag), type=_PARSERS[kind], metavar=_METAVARS[kind],
-                       help=f"{runtime}: {text}")  # fmt: skip
+    for flag, (runtime, field, kind, text) in (own_flags() if _OWN_WANTED[0] else {}).items():
+        g.add_argument(flag, dest=_dest(flag), type=_parser(runtime, field, kind),
+                       metavar=_METAVARS[kind], help=f"{runtime}: {text}")  # fmt: skip
 
 
 def _env_args(items: list[str] | None) -> dict[str, str] | None:
@@ -176,6 +177,44 @@ def _parse_bool(text: str) -> bool:
 
 _PARSERS: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": _parse_bool}
 _METAVARS = {"str": "TEXT", "int": "N", "float": "X", "bool": "BOOL"}
+
+
+#: the range of a number field that declares none: no absurd value reaches a config
+_UNDECLARED = (0.0, 1e9)
+
+
+def _parser(runtime: str, field: str, kind: str) -> Any:
+    """The flag's argparse type: numbers finite and within the field's declared range (`ge`,
+    `le`, ... of its pydantic metadata; [0..1e9] where it declares none), so a runtime from
+    another package gets the same checks as metrale's own."""
+    if kind not in ("int", "float"):
+        return _PARSERS[kind]
+    from metrale.runtime.registry import config_class
+
+    info = config_class(runtime).model_fields[field]
+    lo, hi = _UNDECLARED
+    for bound in info.metadata:
+        lo = float(getattr(bound, "ge", getattr(bound, "gt", lo)))
+        hi = float(getattr(bound, "le", getattr(bound, "lt", hi)))
+
+    def parse(text: str) -> float | int:
+        try:
+            value = int(text) if kind == "int" else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {'an integer' if kind == 'int' else 'a number'}"
+            ) from None
+        if not math.isfinite(value) or not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: accepted: a number in [{_num(lo)}..{_num(hi)}]"
+            )
+        return value
+
+    return parse
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if x.is_integer() else f"{x:g}"
 
 
 def _dest(flag: str) -> str:

@@ -110,10 +110,16 @@ class RolloutBenchmark(BenchmarkBase):
 
             why = f" ({self.runtime_reason})" if self.runtime_reason else ""
             # a runtime holding another (ray) is named by its own, as `lacks` judges it
-            accepted = [n for n, c in config_classes().items() if self.needs <= c.capabilities]
+            classes = config_classes()
+            accepted = [n for n, c in classes.items() if self.needs <= c.capabilities]
+            holder = ""
+            if runtime is not None and "inner" in type(runtime).model_fields:  # ray: its inner
+                local = [n for n in accepted if Capability.REMOTE not in classes[n].capabilities]
+                holder = f" (or --{name}-inner {'|'.join(local)})" if local else ""
             raise UsageError(
                 f"{self.descriptor.id} cannot run in the {name} runtime{why}: it lacks "
                 f"{', '.join(sorted(lacking))}; accepted: {', '.join(accepted) or '(none)'}"
+                f"{holder}"
             )
         if runtime is not None and runtime.pool and not self.warm_pool:
             raise UsageError(

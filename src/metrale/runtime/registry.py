@@ -27,8 +27,9 @@ def _entry_points() -> dict[str, EntryPoint]:
 
 
 def runtime_names() -> tuple[str, ...]:
-    """Every installed runtime's name, in registration order, none of them imported."""
-    return tuple(_entry_points())
+    """Every installed runtime's name, sorted (the metadata's order depends on how the package
+    was installed), none of them imported."""
+    return tuple(sorted(_entry_points()))
 
 
 def config_class(name: str) -> type[RuntimeConfig]:
@@ -65,7 +66,8 @@ def config_classes() -> dict[str, type[RuntimeConfig]]:
     logged at debug level, `-vv`): one broken package must not take `--help` or any run that
     does not ask for it down with it; asking for it by name says what is wrong."""
     classes: dict[str, type[RuntimeConfig]] = {}
-    for name, ep in _entry_points().items():
+    for name in runtime_names():
+        ep = _entry_points()[name]
         try:
             classes[name] = _load(ep)
         except UsageError as exc:

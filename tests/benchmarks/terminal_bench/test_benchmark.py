@@ -159,7 +159,7 @@ def test_bad_task_dirs_exit_2_with_one_line(tmp_path: Path, how: str, expected: 
     ("flags", "said"),
     [
         (["--runtime", "subprocess"], "container"),
-        (["--runtime", "ray", "--ray-address", "local"], "--ray-inner bwrap"),
+        (["--runtime", "ray", "--ray-address", "local"], "--ray-inner bwrap|docker"),
         (["--runtime", "docker", "--image", "debian:bookworm"], "--image debian:bookworm"),
     ],
 )

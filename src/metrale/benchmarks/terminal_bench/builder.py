@@ -119,11 +119,13 @@ class Builder:
             tmp.write_text(text)
             tmp.replace(path)
 
-    def argv(self, *command: str) -> list[str]:
-        """`command` as root of the builder's namespace, with a fixed environment."""
+    def argv(self, *command: str, offline: bool = False) -> list[str]:
+        """`command` as root of the builder's namespace, with a fixed environment; `offline`:
+        in a network namespace of its own too (no interface but a loopback that is down)."""
         ids = f"{BUILD_UID_BASE},0,{BUILD_UID_COUNT}"
         return [
-            "unshare", "--user", "--mount", f"--map-users={ids}", f"--map-groups={ids}",
+            "unshare", "--user", "--mount", *(["--net"] if offline else []),
+            f"--map-users={ids}", f"--map-groups={ids}",
             "--setuid", "0", "--setgid", "0", "--",
             "env", "-i", f"PATH={_ENV_PATH}", f"HOME={self.home}/home",
             f"XDG_RUNTIME_DIR={self.home}/run", f"TMPDIR={self.home}/tmp",
@@ -164,10 +166,14 @@ class Builder:
                 if not await self.has(image_id, timeout=timeout):
                     await self._transfer_in(cli, image_id, work, timeout=timeout)
             script = 'mkdir "$1/context" && tar -x -C "$1/context" && shift && exec podman "$@"'
+            # chroot isolation runs RUN steps in the builder's own network namespace (podman
+            # refuses --network with it): no network is that namespace having none
+            offline = "--network=none" in (extra or [])
+            extra = [a for a in (extra or []) if a != "--network=none"]
             argv = ["build", "--pull=never", "--isolation", "chroot", "--layers=false"]
-            argv += [*(extra or []), "--iidfile", f"{work}/iid", "--label", label]
+            argv += [*extra, "--iidfile", f"{work}/iid", "--label", label]
             argv += ["-f", f"{work}/context/Dockerfile", f"{work}/context"]
-            command = self.argv("sh", "-c", script, "build", str(work), *argv)
+            command = self.argv("sh", "-c", script, "build", str(work), *argv, offline=offline)
             code, out, err = await run_bytes(command, stdin=context_tar, timeout=timeout)
             if code != 0:  # the RUN steps' output is the build log: its tail says why
                 raise BuilderError(log_tail(out.decode(errors="replace") + err) or f"exit {code}")
