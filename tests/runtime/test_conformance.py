@@ -76,7 +76,7 @@ def declares(name: str, capability: Capability) -> bool:
 
 def takes(name: str, option: str) -> bool:
     """Whether runtime `name` has the flat option (`memory_mb`, `cpu_s`, ...)."""
-    return option in config_class("ray" if name == "ray-bwrap" else name).flat_keys()
+    return option in config_class("bwrap" if name == "ray-bwrap" else name).flat_keys()
 
 
 @pytest.fixture(scope="module")
