@@ -123,7 +123,7 @@ MODULES: dict[str, Module] = {
     "budgets": Module("src/metrale/budgets.py", ("tests/test_budgets.py", "tests/test_plugin.py")),
     # The bwrap runtime's start and stop: what a failed, cancelled or finished sandbox leaves.
     "bwrap": Module(
-        "src/metrale/runtime/bwrap.py",
+        "src/metrale/runtime/bwrap_runtime.py",
         ("tests/runtime/test_start_cleanup.py", "tests/runtime/test_bwrap_stop.py"),
     ),
     "verdict": Module(

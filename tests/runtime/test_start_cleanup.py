@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from metrale.runtime import bwrap as bwrap_module
-from metrale.runtime import create_runtime, runtime_config
+from metrale.runtime import bwrap_layout, create_runtime, runtime_config
+from metrale.runtime import bwrap_runtime as bwrap_module
 from metrale.runtime.base import RuntimeStartError
 from metrale.runtime.cgroups import SandboxCgroup
 from tests.runtime.conftest import HAVE_BWRAP
@@ -132,7 +132,7 @@ def _missing_bind(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> dict[str, Any]:
 
 @step("the /etc view cannot be made (prepare, after the workdir)")
 def _etc(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> dict[str, Any]:
-    monkeypatch.setattr(bwrap_module, "etc_view", _raise(OSError(28, "No space left on device")))
+    monkeypatch.setattr(bwrap_layout, "etc_view", _raise(OSError(28, "No space left on device")))
     return {}
 
 

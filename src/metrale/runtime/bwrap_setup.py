@@ -20,7 +20,7 @@ from metrale.runtime import cgroups
 from metrale.runtime.procs import HELPER_ENV, host_tool
 
 if TYPE_CHECKING:  # for types only: configs calls check_bwrap
-    from metrale.runtime.bwrap import BwrapConfig
+    from metrale.runtime.bwrap_config import BwrapConfig
 
 #: Host temp dirs of sandboxes are `tempfile.gettempdir()/WORKDIR_PREFIX*`; their cgroups are
 #: named the same. `metrale cleanup` finds what a killed run left with the two functions below.

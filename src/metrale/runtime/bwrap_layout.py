@@ -1,0 +1,142 @@
+"""What one bwrap sandbox is made of on the host, before bwrap runs: its workdir (filled from
+a seed and handed to the sandbox's uid), as root a staging path per bind source and for the
+image root, the `/etc` to show, and bwrap's own argv over them. Blocking: the runtime calls
+`fill` in a worker thread (`bwrap_runtime`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+from metrale.runtime.base import RuntimeStartError
+from metrale.runtime.bwrap_etc import etc_view
+from metrale.runtime.bwrap_seed import SeedError, copy_seed, open_in_root
+from metrale.runtime.bwrap_setup import (
+    READY_COMMAND,
+    SANDBOX_PATH,
+    SANDBOX_UID,
+    WORKDIR_PREFIX,
+    hand_over,
+    privileged,
+    system_binds,
+)
+from metrale.runtime.bwrap_watchdog import owner_prefix
+from metrale.runtime.procs import host_tool
+
+if TYPE_CHECKING:
+    from metrale.runtime.bwrap_config import BwrapConfig
+
+#: bwrap's binds: (source as bwrap reaches it, path inside, writable)
+Binds = list[tuple[str, str, bool]]
+
+
+class Layout(NamedTuple):
+    """bwrap's binds, root's staging pairs (host path, staging path), where bwrap reaches the
+    image root, and the `/etc` to bind (None when an image brings its own)."""
+
+    binds: Binds
+    staging: list[tuple[str, str]]
+    root: str | None
+    etc: str | None
+
+
+def fill(
+    config: BwrapConfig, workdir: Path, owner: tuple[int, int], tmp: str
+) -> tuple[Layout, list[str]]:
+    """Fill the sandbox's temp dir `workdir` (made by the caller): `work/` seeded or empty and
+    owned by `owner` (the sandbox's host uid and gid), the staging paths, the `/etc` copy.
+    Returns the layout and what the seed's copy skipped."""
+    host_workdir = workdir / "work"
+    os.chmod(workdir, 0o711)
+    skipped = _seed(config, host_workdir, owner[0])
+    if skipped is None:
+        host_workdir.mkdir(mode=0o700)
+    os.chown(host_workdir, *owner)
+    binds: Binds = []
+    staging: list[tuple[str, str]] = []
+    root = config.root
+    if root is not None and privileged():
+        (workdir / "stage").mkdir(mode=0o711)
+        os.chmod(workdir / "stage", 0o711)
+        staged_root = workdir / "stage" / "root"
+        staged_root.mkdir()
+        staging.append((os.path.abspath(root), str(staged_root)))
+        root = str(staged_root)
+    for i, bind in enumerate(config.binds):
+        src = os.path.abspath(bind.src)
+        if not os.path.lexists(src):
+            raise RuntimeStartError(f"bind source {src} does not exist")
+        if privileged():
+            if bind.writable:
+                hand_over(Path(src), owner[0])
+            staged = workdir / "stage" / str(i)
+            staged.parent.mkdir(mode=0o711, exist_ok=True)
+            os.chmod(staged.parent, 0o711)
+            if os.path.isdir(src):
+                staged.mkdir()
+            else:
+                staged.touch()
+            staging.append((src, str(staged)))
+            src = str(staged)
+        binds.append((src, bind.dst or bind.src, bind.writable))
+    # an image brings its own /etc
+    etc = None if config.root is not None else etc_view(tmp, owner_prefix(WORKDIR_PREFIX))
+    return Layout(binds, staging, root, etc), skipped or []
+
+
+def _seed(config: BwrapConfig, host_workdir: Path, uid: int) -> list[str] | None:
+    """Fill the workdir from the seed (`bwrap_seed`: no link followed on the host, only
+    files and directories, bounded); what it skipped, or None when there is nothing to copy."""
+    try:
+        if config.seed_from_root and config.root is not None:
+            src_fd = open_in_root(config.root, config.workdir)
+        elif config.seed is not None:
+            src_fd = os.open(config.seed, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        else:
+            return None
+        if src_fd is None:  # a WORKDIR the image lacks: empty, as docker makes it
+            return None
+        try:
+            seeded = copy_seed(src_fd, host_workdir, config.seed_max_mb << 20)
+        finally:
+            os.close(src_fd)
+    except SeedError as exc:
+        raise RuntimeStartError(str(exc)) from exc
+    hand_over(host_workdir, uid)
+    return seeded.skipped
+
+
+def _tmpfs(path: str, size_mb: int | None) -> list[str]:
+    size = ["--size", str(size_mb << 20)] if size_mb else []
+    return [*size, "--tmpfs", path]
+
+
+def bwrap_argv(
+    config: BwrapConfig, host_workdir: Path, status_fd: int, layout: Layout
+) -> list[str]:
+    """bwrap's argv: `layout.root` is where bwrap reaches `config.root` (its staging path, as
+    root); `layout.etc` the directory shown at `/etc` when there is no image root."""
+    cfg = config
+    argv = [host_tool("bwrap"), "--unshare-all", "--unshare-user"]
+    if cfg.network:
+        argv.append("--share-net")
+    argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
+    argv += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    argv += system_binds(cfg.root, layout.root, layout.etc)
+    # /dev: bwrap's device nodes, read-only but for a sized /dev/shm; /tmp sized too
+    argv += ["--proc", "/proc", "--dev", "/dev", *_tmpfs("/dev/shm", cfg.shm_mb)]
+    argv += ["--remount-ro", "/dev", *_tmpfs("/tmp", cfg.tmp_mb)]
+    for path in cfg.scratch:
+        argv += _tmpfs(path, cfg.tmp_mb)
+    argv += ["--bind", str(host_workdir), cfg.workdir]
+    for src, dst, writable in layout.binds:
+        argv += ["--bind" if writable else "--ro-bind", src, dst]
+    # the sandbox's own root (a tmpfs holding the mount points) is read-only too: only the
+    # workdir, /tmp, /dev/shm and writable binds take writes
+    argv += ["--remount-ro", "/"]
+    argv += ["--chdir", cfg.workdir, "--clearenv", "--setenv", "PATH", SANDBOX_PATH]
+    # bwrap reports the pid before it writes the uid map: "ready" echoed from inside is
+    # the signal that commands can enter
+    argv += ["--json-status-fd", str(status_fd), "--", *READY_COMMAND]
+    return argv
