@@ -333,11 +333,13 @@ def test_list_names_every_installed_runtime_with_its_capabilities() -> None:
 def test_a_run_that_gives_no_runtimes_own_flag_loads_no_runtime_module() -> None:
     """Each runtime's own flags come from its config class, so building them imports every
     runtime's module: only a command line that may use them (help, a `--<runtime>-` token)
-    pays for it."""
+    pays for it, when they are built for the parse and when the given ones are read after it."""
     code = (
         "import sys\n"
         "from metrale.cli import main\n"
         "main(['run', 'gsm8k', '--rollouts', '0'])\n"
+        # past the flag checks to the target's probe (refused): the flags were read again
+        "main(['run', 'gsm8k', '--target', 'http://127.0.0.1:9'])\n"
         "print(sorted(m for m in sys.modules if m.startswith('metrale.runtime.')))\n"
         "main(['run', 'gsm8k', '--docker-cli', 'x', '--rollouts', '0'])\n"
         "print('metrale.runtime.docker' in sys.modules)\n"
