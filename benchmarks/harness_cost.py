@@ -11,16 +11,24 @@ Each pair, interleaved, against one `metrale sim --ttft 1.0` process:
   process start to the first rollout's request (the earliest generation start in the records,
   by the wall clock both processes share).
 
-Targets (issue 27): metrale's rollouts phase <= 1.10 x raw (median of the pairs); start-up <=
-250 ms (the preflight aside: it runs beside the first rollouts, `--preflight` measures that).
+With `--before SRC` (another source tree, e.g. an older commit's `src`), the same metrale run
+from that tree too, right after, against the same raw figure. Each tree is byte-compiled first
+(`compileall`), as an installed package is: under `PYTHONDONTWRITEBYTECODE` every run would
+otherwise compile metrale's sources again, inside its start-up. Beside each run, its CPU
+seconds (user + system, `wait4`) and the raw client's (`process_time`).
 
-    python benchmarks/harness_cost.py --rollouts 1024 --pairs 3
+Targets (issue 27): metrale's rollouts phase <= 1.10 x raw (median of the pairs); start-up <=
+250 ms (the preflight aside: it runs beside the first rollouts, `--preflight` measures that;
+`benchmarks/startup.py` measures start-up alone, over more runs).
+
+    python benchmarks/harness_cost.py --rollouts 1024 --pairs 3 [--before /tmp/base/src]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import compileall
 import json
 import os
 import statistics
@@ -78,17 +86,23 @@ async def raw_client(url: str, n: int) -> float:
     return time.perf_counter() - started
 
 
-def metrale_run(url: str, n: int, preflight: bool = False) -> dict[str, float]:
+def metrale_run(url: str, n: int, src: str, preflight: bool = False) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         argv = [sys.executable, "-m", "metrale", "run", "gsm8k", "--target", url,
                 "--model", "metrale-sim", "--rollouts", str(n), "--max-tokens", "16",
                 *([] if preflight else ["--no-preflight"]), "--out", str(out)]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": src}
         wall0, started = time.time(), time.perf_counter()
-        proc = subprocess.run(argv, capture_output=True, text=True)
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        assert proc.stderr is not None
+        stderr = proc.stderr.read().decode(errors="replace")
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        proc.stderr.close()
         process_s = time.perf_counter() - started
         if proc.returncode != 0:
-            raise SystemExit(f"metrale failed: {proc.stderr[-1000:]}")
+            raise SystemExit(f"metrale failed: {stderr[-1000:]}")
         result = json.loads((out / "result.json").read_text())["result"]
         first_call = min(
             json.loads(line)["stages"]["generation"]["started_at"]
@@ -98,6 +112,7 @@ def metrale_run(url: str, n: int, preflight: bool = False) -> dict[str, float]:
         "metrale_s": result["metrics"]["e2e_s"],
         "process_s": process_s,
         "startup_s": first_call - wall0,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
         "errors": result["metrics"]["errors"],
     }
 
@@ -108,20 +123,32 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--latency", type=float, default=1.0)
     ap.add_argument("--preflight", action="store_true", help="metrale runs its 2+2 preflight")
+    ap.add_argument("--before", metavar="SRC", help="also run metrale from this source tree")
     args = ap.parse_args()
-    rows = []
+    here = str(Path(__file__).resolve().parent.parent / "src")
+    trees = {"now": here, **({"before": args.before} if args.before else {})}
+    for src in trees.values():
+        compileall.compile_dir(src, quiet=1)
+    rows: dict[str, list[dict[str, float]]] = {label: [] for label in trees}
     with sim("--ttft", str(args.latency), "--output-tokens", "16") as url:
         asyncio.run(raw_client(url, 16))  # warm the sim
         for i in range(args.pairs):
+            cpu0 = time.process_time()
             raw_s = asyncio.run(raw_client(url, args.rollouts))
-            row = {"raw_s": raw_s, **metrale_run(url, args.rollouts, args.preflight)}
-            row["ratio"] = row["metrale_s"] / raw_s
-            rows.append(row)
-            print(f"pair {i}: " + json.dumps({k: round(v, 3) for k, v in row.items()}), flush=True)
-    med = {k: round(statistics.median(r[k] for r in rows), 3) for k in rows[0]}
-    print("median: " + json.dumps(med))
-    print(f"targets: rollouts phase / raw {med['ratio']} (<= 1.10); "
-          f"start-up {med['startup_s'] * 1000:.0f} ms (<= 250 ms)")  # fmt: skip
+            raw_cpu = time.process_time() - cpu0
+            for label, src in trees.items():
+                row = {"raw_s": raw_s, "raw_cpu_s": raw_cpu,
+                       **metrale_run(url, args.rollouts, src, args.preflight)}  # fmt: skip
+                row["ratio"] = row["metrale_s"] / raw_s
+                rows[label].append(row)
+                shown = json.dumps({k: round(v, 3) for k, v in row.items()})
+                print(f"pair {i} {label}: {shown}", flush=True)
+    for label, cell in rows.items():
+        med = {k: round(statistics.median(r[k] for r in cell), 3) for k in cell[0]}
+        pairs = " / ".join(f"{r['ratio']:.3f}" for r in cell)
+        print(f"median {label}: " + json.dumps(med))
+        print(f"  {label}: rollouts phase / raw per pair {pairs}; median {med['ratio']} "
+              f"(<= 1.10); start-up {med['startup_s'] * 1000:.0f} ms (<= 250 ms)")  # fmt: skip
     print(machine() + f", load {os.getloadavg()[0]:.1f}")
     return 0
 
