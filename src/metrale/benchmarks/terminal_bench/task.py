@@ -202,6 +202,18 @@ def refusals(task: HarborTask, *, provides: frozenset[str] = frozenset()) -> lis
     return found
 
 
+def network_refusal(task: HarborTask, runtime: str, *, cuts: bool, gives: bool) -> str | None:
+    """One line naming the task and the field when the runtime cannot follow its
+    `allow_internet` exactly (`cuts`: it can cut a sandbox off every network; `gives`: it can
+    give one a network beyond loopback), else None."""
+    where = f"task {task.name}: task.toml [environment] allow_internet"
+    if task.environment.allow_internet and not gives:
+        return f"{where} = true: the {runtime} runtime cannot give a sandbox a network"
+    if not task.environment.allow_internet and not cuts:
+        return f"{where} = false: the {runtime} runtime cannot cut a sandbox off the network"
+    return None
+
+
 #: GPUs a task may ask for (only 0 runs here).
 GPUS = Bound(0, 1024, integer=True, unit="GPUs")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
