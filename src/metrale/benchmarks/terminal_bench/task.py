@@ -132,7 +132,8 @@ def load_task(spec: str) -> HarborTask:
         raise UsageError(f"task {path}: instruction.md is empty")
     toml_path = path / "task.toml"
     try:
-        data = tomllib.loads(read_user_file(toml_path, "task config"))
+        # a byte-order mark (editors on Windows write one) is not TOML's, but harmless
+        data = tomllib.loads(read_user_file(toml_path, "task config").removeprefix("\ufeff"))
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{toml_path}: not valid TOML ({exc})") from None
     where = str(toml_path)
