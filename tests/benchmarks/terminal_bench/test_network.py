@@ -54,6 +54,17 @@ def test_bwrap_shares_the_host_network_exactly_when_the_task_allows_the_internet
     assert isinstance(config, BwrapConfig) and config.network is allowed
 
 
+@pytest.mark.parametrize("given", [False, True])
+@pytest.mark.parametrize("allowed", [False, True])
+def test_modal_blocks_the_network_exactly_when_the_task_does_not_allow_the_internet(
+    given: bool, allowed: bool
+) -> None:
+    from metrale.runtime.modal import ModalConfig
+
+    config = ModalConfig(network=given).for_task(TaskSandbox(internet=allowed))
+    assert isinstance(config, ModalConfig) and config.network is allowed
+
+
 class NoNetwork(DockerConfig):
     """A task-image runtime that can cut the network but give none."""
 
