@@ -71,6 +71,7 @@ REAL_FILES = frozenset({
     "tests/runtime/test_docker_read.py",
     "tests/benchmarks/terminal_bench/test_shipped.py",
     "tests/benchmarks/terminal_bench/test_dataset_runs.py",
+    "tests/benchmarks/terminal_bench/test_network_runs.py",
     "tests/matrix/test_html.py",
     "tests/sandbox_sim/test_backend.py",
     "tests/runtime/test_prime.py",

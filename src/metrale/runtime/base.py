@@ -45,6 +45,8 @@ class Capability(StrEnum):
     """shows chosen host paths inside the sandbox (a toolchain, a warm cache)"""
     NETWORK_OFF = "network_off"
     """a sandbox can be cut off from every network"""
+    NETWORK = "network"
+    """a sandbox can be given a network beyond its own loopback (a task's `allow_internet`)"""
     BOUNDS = "bounds"
     """per-sandbox memory and process bounds"""
     REMOTE = "remote"
@@ -73,7 +75,8 @@ class TaskSandbox:
     cpus: float | None = None
     memory_mb: int | None = None
     storage_mb: int | None = None
-    #: the task allows the internet: the runtime's own network setting stands; else none at all
+    #: the task allows the internet: the network the runtime gives (`Capability.NETWORK`); else
+    #: none at all (`Capability.NETWORK_OFF`): exactly as the task says, whatever the flags
     internet: bool = False
     #: absolute paths that must be writable besides the workdir (runtimes over a read-only root)
     scratch: tuple[str, ...] = ()

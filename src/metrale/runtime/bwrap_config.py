@@ -56,6 +56,7 @@ class BwrapConfig(RuntimeConfig):
             Capability.TASK_IMAGE,
             Capability.HOST_PATHS,
             Capability.NETWORK_OFF,
+            Capability.NETWORK,
             Capability.BOUNDS,
             Capability.LEFTOVERS,
             Capability.KILL_COMMANDS,
@@ -147,8 +148,9 @@ class BwrapConfig(RuntimeConfig):
             )
         if task.memory_mb is not None:
             update["limits"] = self.limits.model_copy(update={"memory_mb": task.memory_mb})
-        if not task.internet:
-            update["network"] = False
+        # exactly as the task says: the host's network namespace only when it allows the
+        # internet (the one network bwrap can give), else loopback only
+        update["network"] = task.internet
         return self.model_copy(update=update)
 
     def with_paths(

@@ -392,6 +392,7 @@ class DockerConfig(RuntimeConfig):
         {
             Capability.TASK_IMAGE,
             Capability.NETWORK_OFF,
+            Capability.NETWORK,
             Capability.BOUNDS,
             Capability.LEFTOVERS,
             Capability.KILL_COMMANDS,
@@ -436,7 +437,7 @@ class DockerConfig(RuntimeConfig):
 
     def for_task(self, task: TaskSandbox) -> RuntimeConfig:
         """The task's image with its WORKDIR and ENV (the user's `--env` on top), task.toml's
-        CPUs and memory, and no network unless the task allows the internet."""
+        CPUs and memory, and the network its `allow_internet` says (`task_network`)."""
         update: dict[str, Any] = {}
         if task.image is not None:
             update.update(image=task.image, workdir=task.workdir or "/",
@@ -445,12 +446,25 @@ class DockerConfig(RuntimeConfig):
             update["cpus"] = task.cpus
         if task.memory_mb is not None:
             update["memory_mb"] = task.memory_mb
-        if not task.internet:
-            update["network"] = "none"
+        update["network"] = task_network(self.network, internet=task.internet)
         return self.model_copy(update=update)
 
     def cleanup(self, report: CleanupReport, *, everything: bool = False) -> None:
         clean_containers(self.cli, report, everything=everything)
+
+
+#: The network a task that allows the internet gets when `--docker-network` names none: the
+#: engine's default bridge (podman's own default network through its Docker API or CLI).
+TASK_NETWORK = "bridge"
+
+
+def task_network(network: str, *, internet: bool) -> str:
+    """A task's network, exactly as its `allow_internet` says whatever the flags: none when it
+    does not allow the internet; when it does, the network `--docker-network` names, or
+    `TASK_NETWORK` when that is `none` (the default, meant for sandboxes that need none)."""
+    if not internet:
+        return "none"
+    return TASK_NETWORK if network == "none" else network
 
 
 def _engine_probe(argv: list[str], what: str) -> subprocess.CompletedProcess[str]:

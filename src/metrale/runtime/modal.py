@@ -78,7 +78,13 @@ class ModalConfig(RuntimeConfig):
     credentials are the SDK's own (MODAL_TOKEN_ID / MODAL_TOKEN_SECRET or its config file)."""
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.TASK_IMAGE, Capability.NETWORK_OFF, Capability.REMOTE, Capability.LEFTOVERS}
+        {
+            Capability.TASK_IMAGE,
+            Capability.NETWORK_OFF,
+            Capability.NETWORK,
+            Capability.REMOTE,
+            Capability.LEFTOVERS,
+        }
     )
     type: Literal["modal"] = "modal"
     #: no bound of this machine's on starts in flight: a start here is a request and a wait on
@@ -138,8 +144,8 @@ class ModalConfig(RuntimeConfig):
 
     def for_task(self, task: TaskSandbox) -> RuntimeConfig:
         """The task's image (its Dockerfile built by the service when the task has a build
-        context, else its name from the registry), WORKDIR, ENV, CPUs, memory; no network
-        unless the task allows the internet."""
+        context, else its name from the registry), WORKDIR, ENV, CPUs, memory;
+        outbound network exactly when the task allows the internet."""
         update: dict[str, Any] = {}
         if task.context is not None:
             update["dockerfile"] = posixpath.join(task.context, "Dockerfile")
@@ -152,8 +158,7 @@ class ModalConfig(RuntimeConfig):
             update["cpu"] = task.cpus
         if task.memory_mb is not None:
             update["memory_mb"] = task.memory_mb
-        if not task.internet:
-            update["network"] = False
+        update["network"] = task.internet
         copy = self.model_copy(update=update)
         copy._run_id = self.run_id  # the same run: the same app and tags
         return copy

@@ -95,7 +95,13 @@ class PrimeConfig(RuntimeConfig):
     """A sandbox on Prime Intellect's service per rollout (or on `metrale sandbox-sim prime`)."""
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.TASK_IMAGE, Capability.REMOTE, Capability.LEFTOVERS, Capability.KILL_COMMANDS}
+        {
+            Capability.TASK_IMAGE,
+            Capability.NETWORK,
+            Capability.REMOTE,
+            Capability.LEFTOVERS,
+            Capability.KILL_COMMANDS,
+        }
     )
     type: Literal["prime"] = "prime"
     #: no bound of this machine's on starts in flight: a start here is a request and a wait on

@@ -129,7 +129,7 @@ class SubprocessConfig(RuntimeConfig):
     beyond a scrubbed environment, limits and process-group cleanup."""
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.HOST_PATHS, Capability.KILL_COMMANDS}
+        {Capability.HOST_PATHS, Capability.NETWORK, Capability.KILL_COMMANDS}
     )
     type: Literal["subprocess"] = "subprocess"
     #: RLIMIT_NPROC counts all of the host user's processes here, so it is off by default.

@@ -31,6 +31,17 @@ def test_a_task_dir_is_read_with_its_limits_and_timeouts(tmp_path: Path) -> None
     assert task.has_solution
 
 
+def test_a_task_toml_with_a_byte_order_mark_or_crlf_lines_reads_as_without(
+    tmp_path: Path,
+) -> None:
+    """As editors on Windows write them (a published collection has such files)."""
+    path = write_task(tmp_path, agent_timeout=45)
+    toml = path / "task.toml"
+    toml.write_bytes(b"\xef\xbb\xbf" + toml.read_text().replace("\n", "\r\n").encode())
+    task = load_task(str(path))
+    assert task.agent_timeout_s == 45.0 and task.metadata == {"author": "tests"}
+
+
 def test_the_three_shipped_tasks_are_found_by_name() -> None:
     assert shipped_task_names() == ["fix-git", "fix-money", "log-summary"]
     task = load_task("fix-git")

@@ -138,6 +138,10 @@ class TerminalBenchBenchmark(RolloutBenchmark):
                     f"({len(self.runs)} x {self.attempts}); accepted: --attempts K"
                 )
         self.values["attempts"] = self.attempts
+        self.count()
+
+    def count(self) -> None:
+        """The rollouts and the tally of the runs that run (after any task was skipped)."""
         self.values["rollouts"] = len(self.runs) * self.attempts
         self.tally = Tally(
             attempts=self.attempts,
@@ -159,6 +163,11 @@ class TerminalBenchBenchmark(RolloutBenchmark):
         chosen = super().runtime_choice(runtime)
         once.check_runtime(chosen)
         if chosen is not None and self.runs:  # configured (a run, a cell)
+            # a task whose allow_internet this runtime cannot follow exactly does not run
+            runs = once.refuse_by_network(self.entries, self.runs, self.values, chosen)
+            if runs != self.runs:
+                self.runs = runs
+                self.count()
             # before any work: an engine that answers, and every base image present locally
             once.check_engine(self.runs, self.values, chosen)
         return chosen
@@ -186,11 +195,11 @@ class TerminalBenchBenchmark(RolloutBenchmark):
             self.log(f"storage_mb is not enforced by the {handle.runtime.type} runtime "
                      f"(tasks {names}); see docs/runtimes.md", "warn")  # fmt: skip
         where = handle.runtime.type
-        offline = sum(1 for r in self.runs if not r.task.environment.allow_internet)
+        online = sum(1 for r in self.runs if r.task.environment.allow_internet)
         self.log(
             f"terminal_bench runs the {run.agent} agent's commands only inside the {where} "
-            f"runtime ({len(self.runs)} tasks x {self.attempts} attempts; network off for "
-            f"{offline} of them by allow_internet, as the runtime sets it for the others)"
+            f"runtime ({len(self.runs)} tasks x {self.attempts} attempts; by allow_internet, "
+            f"network off for {len(self.runs) - online} of them, the runtime's for {online})"
         )
 
     def runtime_for(self, config: RuntimeConfig, index: int) -> RuntimeConfig:

@@ -32,7 +32,12 @@ from metrale.benchmarks.terminal_bench.images import (
     parse_base_images,
 )
 from metrale.benchmarks.terminal_bench.rollout import TaskRun
-from metrale.benchmarks.terminal_bench.task import HarborTask, load_task, refusals
+from metrale.benchmarks.terminal_bench.task import (
+    HarborTask,
+    load_task,
+    network_refusal,
+    refusals,
+)
 from metrale.errors import UsageError
 from metrale.plugin import ParamSpec
 from metrale.runtime.base import Capability, RuntimeConfig
@@ -183,6 +188,38 @@ def check_engine(runs: list[TaskRun], values: Mapping[str, Any], config: Runtime
     mapping = parse_base_images(values.get("base_image"))
     if len(runs) == 1 and not is_dataset(str(values["task"])):
         check_bases(runs[0].task, cli, mapping)
+
+
+def refuse_by_network(
+    entries: list[Entry], runs: list[TaskRun], values: Mapping[str, Any], config: RuntimeConfig
+) -> list[TaskRun]:
+    """The runs whose `allow_internet` the runtime can follow exactly. One task it cannot is a
+    UsageError, and so is a dataset's under `strict`; else that task is skipped with its reason
+    (on `entries`), and a dataset left with no task is a UsageError."""
+    inner = getattr(config, "inner", None)
+    what = f"{config.type} over {inner.type}" if inner is not None else config.type
+    cuts = not config.lacks(frozenset({Capability.NETWORK_OFF}))
+    gives = not config.lacks(frozenset({Capability.NETWORK}))
+    refused = {}
+    for run in runs:
+        reason = network_refusal(run.task, what, cuts=cuts, gives=gives)
+        if reason is not None:
+            refused[run.task.name] = reason
+    if not refused:
+        return runs
+    first = next(iter(refused.values()))
+    if not is_dataset(str(values["task"])):
+        raise UsageError(first)
+    if values.get("strict"):
+        raise UsageError(f"--strict: {first} ({len(refused)} of {len(entries)} tasks cannot "
+                         "run)")  # fmt: skip
+    for entry in entries:
+        if entry.name in refused:
+            entry.task, entry.skipped = None, refused[entry.name]
+    kept = [run for run in runs if run.task.name not in refused]
+    if not kept:
+        raise UsageError(f"no task of {values['task']} can run on {what}; the first: {first}")
+    return kept
 
 
 def build_concurrency(values: Mapping[str, Any]) -> int:

@@ -132,7 +132,8 @@ def load_task(spec: str) -> HarborTask:
         raise UsageError(f"task {path}: instruction.md is empty")
     toml_path = path / "task.toml"
     try:
-        data = tomllib.loads(read_user_file(toml_path, "task config"))
+        # a byte-order mark (editors on Windows write one) is not TOML's, but harmless
+        data = tomllib.loads(read_user_file(toml_path, "task config").removeprefix("\ufeff"))
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{toml_path}: not valid TOML ({exc})") from None
     where = str(toml_path)
@@ -200,6 +201,18 @@ def refusals(task: HarborTask, *, provides: frozenset[str] = frozenset()) -> lis
         n = len(task.environment.mcp_servers)
         found.append(f"{where} mcp_servers ({n}): no agent here is given MCP servers")
     return found
+
+
+def network_refusal(task: HarborTask, runtime: str, *, cuts: bool, gives: bool) -> str | None:
+    """One line naming the task and the field when the runtime cannot follow its
+    `allow_internet` exactly (`cuts`: it can cut a sandbox off every network; `gives`: it can
+    give one a network beyond loopback), else None."""
+    where = f"task {task.name}: task.toml [environment] allow_internet"
+    if task.environment.allow_internet and not gives:
+        return f"{where} = true: the {runtime} runtime cannot give a sandbox a network"
+    if not task.environment.allow_internet and not cuts:
+        return f"{where} = false: the {runtime} runtime cannot cut a sandbox off the network"
+    return None
 
 
 #: GPUs a task may ask for (only 0 runs here).
