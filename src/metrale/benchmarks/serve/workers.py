@@ -26,7 +26,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
-from metrale.benchmarks.serve.client import PreparedRequest, StreamClient
+from metrale.benchmarks.serve.client import Launch, PreparedRequest, StreamClient
 from metrale.benchmarks.serve.load import Bound, LevelSpec, LevelState, run_level
 from metrale.benchmarks.serve.metrics import RequestRecord
 from metrale.endpoint.client import ClientOptions, Target
@@ -92,7 +92,7 @@ async def _work(
     bodies: list[PreparedRequest], first: int, spec: LevelSpec, t0: float,
 ) -> list[RequestRecord]:  # fmt: skip
     async with StreamClient(target, options, api) as client:
-        if not spec.warmup.empty and spec.concurrency:
+        if spec.concurrency:  # opened ahead: the level's first wave is writes only
             await client.pool.open(spec.concurrency)
         conn.send(("ready", None))
         loop = asyncio.get_running_loop()
@@ -101,13 +101,16 @@ async def _work(
         records: list[RequestRecord] = []
         next_body = first
 
-        async def send(record: RequestRecord) -> None:
+        def prepare(record: RequestRecord) -> Launch:
             nonlocal next_body
             body = bodies[next_body % len(bodies)]
             next_body += 1
-            await client.send(body, record, t0)
+            return client.launch(body, record, t0)
 
-        await run_level(spec, send, records.append, state, t0)
+        async def send(record: RequestRecord) -> None:
+            await prepare(record).finish()
+
+        await run_level(spec, send, records.append, state, t0, prepare=prepare)
         return records
 
 
