@@ -279,6 +279,9 @@ async def run_level(
     phases.stop = True
     while measured_left > 0 and tasks:
         await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
+    # One step for the tasks created last: a request fired just before must reach its
+    # `finish`, whose cancellation closes the connection it was written on.
+    await asyncio.sleep(0)
     for task in list(tasks):
         task.cancel()
     if tasks:

@@ -1,12 +1,13 @@
 """serve's load spread over worker processes, when one event loop cannot keep up.
 
-At 1,000 concurrent streams one process spends its time in the event loop: sending the first
-1,000 requests takes tens of milliseconds (each request waits for the ones before it: its
+At 1,000 concurrent streams one process spends its time in the event loop: writing the first
+1,000 requests takes ~6 ms even in one tight wave (each waits for the writes before it: its
 scheduling lag), and every chunk costs ~15 µs of CPU. `--client-workers N` (or `auto`, one per
-core) runs a fixed-concurrency level as N processes, the way AIPerf does: each has its own
-event loop, connection pool and share of the concurrency and of the request counts, and sends
-its records back to the parent when its share ends; the parent merges them (renumbered, in
-send order) and computes the level's metrics over all of them, as for one process.
+core; worth it only with cores to spare beside the server) runs a fixed-concurrency level as
+N processes, the way AIPerf does: each has its own event loop, connection pool and share of
+the concurrency and of the request counts, and sends its records back to the parent when its
+share ends; the parent merges them (renumbered, in send order) and computes the level's
+metrics over all of them, as for one process.
 
 All processes read the same clock: `time.perf_counter()` is the system's monotonic clock, so a
 record's times (since the run's `t0`) mean the same whichever process wrote it. The workers are
