@@ -8,7 +8,10 @@ interleaved, pair after pair:
 - **raw**: the bare minimum, in this script: one asyncio task per stream, `open_connection`,
   one HTTP/1.1 POST, `readline` over the SSE stream and `json.loads` per event, nothing else;
   a content event is stamped when `readline` returns it. TTFT counts from the write (after the
-  connect, as metrale's does);
+  connect, as metrale's does). Every stream connects before any writes (`--raw-spread`: each
+  writes when its own connect ends), so both clients put the same burst of requests on the
+  stub: the stub answers a burst one request after another, and a client whose writes are
+  spread out sees less of that queue in its TTFT;
 - **metrale**: `metrale run serve --concurrency N --requests N` in its own process; its
   records' TTFT, chunk times, scheduling lag and client lag.
 
@@ -76,13 +79,17 @@ class Stub:
             self.proc.stdout.close()
 
 
-async def _raw_stream(host: str, port: int, path: str, body: bytes) -> tuple[float, list[float]]:
+async def _raw_stream(
+    host: str, port: int, path: str, body: bytes, go: Barrier | None
+) -> tuple[float, list[float]]:
     reader, writer = await asyncio.open_connection(host, port)
     try:
         head = (
             f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n"
         ).encode()
+        if go is not None:
+            await go.wait()
         sent = time.perf_counter()
         writer.write(head + body)
         times: list[float] = []
@@ -104,7 +111,22 @@ async def _raw_stream(host: str, port: int, path: str, body: bytes) -> tuple[flo
         writer.close()
 
 
-async def raw(url: str, streams: int, tokens: int) -> dict[str, float]:
+class Barrier:
+    """Every stream connected before any writes: the raw client's requests then leave together,
+    as metrale's do (its connections are opened before a fixed-concurrency level)."""
+
+    def __init__(self, parties: int) -> None:
+        self.left = parties
+        self.event = asyncio.Event()
+
+    async def wait(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.event.set()
+        await self.event.wait()
+
+
+async def raw(url: str, streams: int, tokens: int, together: bool = True) -> dict[str, float]:
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     path = parts.path.rstrip("/") + "/chat/completions"
@@ -112,7 +134,8 @@ async def raw(url: str, streams: int, tokens: int) -> dict[str, float]:
         "model": "stub", "stream": True, "max_tokens": tokens,
         "messages": [{"role": "user", "content": "Say something."}],
     }).encode()  # fmt: skip
-    got = await asyncio.gather(*(_raw_stream(host, port, path, body) for _ in range(streams)))
+    go = Barrier(streams) if together else None
+    got = await asyncio.gather(*(_raw_stream(host, port, path, body, go) for _ in range(streams)))
     ttft = [times[0] for _, times in got]
     gaps = [b - a for _, times in got for a, b in itertools.pairwise(times)]
     return {"ttft_p99": pctl(ttft, 99) * 1e3, "itl_p99": pctl(gaps, 99) * 1e3,
@@ -152,6 +175,9 @@ def main() -> int:
     ap.add_argument("--settings", default=DEFAULT, help="STREAMSxSTEP_MS[xTOKENS],...")
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--metrale-args", default="", help="extra flags for metrale run serve")
+    ap.add_argument("--raw-spread", action="store_true",
+                    help="the raw client writes each request when its own connect ends "
+                    "(writes spread over the connects), not all together")  # fmt: skip
     args = ap.parse_args()
     extra = args.metrale_args.split()
     rows = []
@@ -172,7 +198,8 @@ def main() -> int:
                 got = {}
                 for client in (first, second):
                     got[client] = (
-                        asyncio.run(raw(stub.url, streams, tokens)) if client == "raw"
+                        asyncio.run(raw(stub.url, streams, tokens, not args.raw_spread))
+                        if client == "raw"
                         else metrale(stub.url, streams, tokens, extra)
                     )  # fmt: skip
                 pairs.append(got)

@@ -8,6 +8,8 @@
    the mean tool time, `--ramp-s`; then the tool-time draws, 50 ms an answer), each measuring
    how late it woke: what any asyncio client on this machine can do at best while it sends
    nothing. Runs are interleaved, repeated, and the medians quoted.
+   Beside each run: the cores metrale and the simulator kept busy (CPU seconds over the run's
+   wall time), to tell the client's own cost from the two cores' sharing.
 2. **Memory per session.** The peak RSS of the same run at 1,000 lanes and at 10 lanes (its own
    process each, `os.wait4`): (RSS₁₀₀₀ − RSS₁₀) / 990 is what one session in flight costs,
    beside the size of one session's messages (`sys.getsizeof` over everything it holds).
@@ -49,14 +51,34 @@ print(lags[int(0.99 * (len(lags) - 1))] * 1000, lags[len(lags) // 2] * 1000)
 """
 
 
-def maxrss_run(cmd: list[str], timeout: float) -> tuple[int, float]:
-    """Run `cmd`; return (exit code, its peak RSS in MiB)."""
+def sim_cpu_s() -> float:
+    """CPU seconds (user + system) used so far by this script's `metrale sim` child."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        fields = text.rsplit(")", 1)[1].split()
+        if int(fields[1]) == os.getpid() and b"sim" in cmdline:
+            return (int(fields[11]) + int(fields[12])) / ticks
+    return float("nan")
+
+
+def maxrss_run(cmd: list[str], timeout: float) -> tuple[int, float, float, float, float]:
+    """Run `cmd`; return (exit code, its peak RSS in MiB, its CPU seconds, its wall seconds,
+    the sim's CPU seconds meanwhile)."""
+    sim_before = sim_cpu_s()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     start = time.monotonic()
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
-            return os.waitstatus_to_exitcode(status), usage.ru_maxrss / 1024
+            cpu = usage.ru_utime + usage.ru_stime
+            wall = time.monotonic() - start
+            code = os.waitstatus_to_exitcode(status)
+            return code, usage.ru_maxrss / 1024, cpu, wall, sim_cpu_s() - sim_before
         if time.monotonic() - start > timeout:
             proc.kill()
             raise RuntimeError(f"timed out: {' '.join(cmd[:6])}")
@@ -71,12 +93,13 @@ def run_sessions(url: str, lanes: int, turns: int, tool_mean: float, out: Path) 
         "--tool-time", f"exp:{tool_mean}", "--max-tokens", "16", "--out", str(out), "--quiet",
         "--ramp-s", str(tool_mean),
     ]  # fmt: skip
-    code, rss = maxrss_run(cmd, timeout=600)
+    code, rss, cpu, wall, sim_cpu = maxrss_run(cmd, timeout=600)
     if code != 0 or not (out / "result.json").is_file():
         raise RuntimeError(f"metrale exited {code}")
     m = json.loads((out / "result.json").read_text())["result"]["metrics"]
     return {"lag_p99": m["sched_lag_ms_p99"], "lag_p50": m["sched_lag_ms_p50"], "rss": rss,
-            "requests": m["requests"], "errors": m["errors"]}  # fmt: skip
+            "requests": m["requests"], "errors": m["errors"], "cpu": cpu / wall,
+            "sim_cpu": sim_cpu / wall}  # fmt: skip
 
 
 def run_floor(lanes: int, turns: int, tool_mean: float) -> tuple[float, float]:
@@ -128,7 +151,9 @@ def main() -> None:
                   f"(p50 {rows[-1]['lag_p50']:.3f}), floor p99 {floors[-1][0]:.2f} ms "
                   f"(p50 {floors[-1][1]:.3f}); RSS {rows[-1]['rss']:.0f} MiB at {a.lanes} "
                   f"lanes, {small[-1]['rss']:.0f} MiB at 10; requests {rows[-1]['requests']}, "
-                  f"errors {rows[-1]['errors']}", flush=True)  # fmt: skip
+                  f"errors {rows[-1]['errors']}; cores busy: metrale {rows[-1]['cpu']:.2f}, "
+                  f"sim {rows[-1]['sim_cpu']:.2f}; load {os.getloadavg()[0]:.2f}",
+                  flush=True)  # fmt: skip
     med = statistics.median
     per_session = (med(r["rss"] for r in rows) - med(r["rss"] for r in small)) / (a.lanes - 10)
     print(f"\n{a.lanes} concurrent sessions x {a.turns} turns, tool time exp:{a.tool_mean}, "

@@ -61,11 +61,10 @@ def block_hashes(tokens: Sequence[object], block: int = DEFAULT_BLOCK) -> list[b
     names: list[bytes] = []
     prev = b""
     for start in range(0, len(tokens) - block + 1, block):
-        h = hashlib.blake2b(prev, digest_size=16)
-        for tok in tokens[start : start + block]:
-            h.update(str(tok).encode())
-            h.update(b"\x00")
-        prev = h.digest()
+        # The previous name, then each token followed by a NUL, hashed in one call: a block
+        # hashed token by token cost serve ~0.4 ms a turn on the loop that sends.
+        data = "\x00".join(map(str, tokens[start : start + block])).encode() + b"\x00"
+        prev = hashlib.blake2b(prev + data, digest_size=16).digest()
         names.append(prev)
     return names
 

@@ -280,3 +280,40 @@ def test_https(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
             server.close()
 
     run(go())
+
+
+def test_fired_requests_are_written_at_once_and_answered_on_complete() -> None:
+    """`fire` writes on idle open connections, in order, before any answer is awaited; with no
+    idle one, `complete` connects; a stale one is replaced as `request` replaces it."""
+    served: list[bytes] = []
+
+    async def handler(reader, writer):
+        while True:
+            _, body = await read_request(reader)
+            served.append(body)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+
+    async def go():
+        async with pool_for(handler, "/v1") as (pool, conns):
+            assert await pool.open(2) == 2
+            outs = [pool.outgoing("/chat/completions", b"r%d" % i) for i in range(3)]
+            for out in outs:
+                pool.fire(out)
+            assert [out.conn is not None for out in outs] == [True, True, False]
+            assert all(out.handed_at > 0 for out in outs)
+            for i, out in enumerate(outs):
+                resp = await pool.complete(out)
+                assert await resp.read() == b"r%d" % i
+                resp.release()
+            assert sorted(served) == [b"r0", b"r1", b"r2"] and len(conns) == 2  # r2: r0's, reused
+            for writer in conns:  # the server drops every idle connection
+                writer.close()
+            await asyncio.sleep(0.05)
+            again = pool.outgoing("/chat/completions", b"again")
+            pool.fire(again)
+            resp = await pool.complete(again)
+            assert await resp.read() == b"again"
+            resp.release()
+
+    run(go())

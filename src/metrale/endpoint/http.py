@@ -39,7 +39,7 @@ from metrale.endpoint.framing import (
 )
 from metrale.endpoint.wire import Address, Wire, open_wire, resolve
 
-__all__ = ["ConnectionPool", "HttpConnectionError", "HttpProtocolError", "Response"]
+__all__ = ["ConnectionPool", "HttpConnectionError", "HttpProtocolError", "Outgoing", "Response"]
 
 
 @dataclass
@@ -266,6 +266,19 @@ async def _read_head(wire: Wire) -> tuple[int, dict[str, str]]:
     return status, headers
 
 
+@dataclass(slots=True)
+class Outgoing:
+    """A request's bytes, made ready before it is due (`ConnectionPool.outgoing`); `fire`
+    writes them, `complete` reads the answer."""
+
+    message: bytes
+    #: `perf_counter()` just before the write (the request handed to the connection)
+    handed_at: float = 0.0
+    #: the connection it was written on, and how much of it went; None: not on one yet
+    conn: _Connection | None = None
+    written: int = 0
+
+
 @dataclass
 class _Connection:
     wire: Wire
@@ -360,29 +373,83 @@ class ConnectionPool:
         A reused keep-alive connection that the server closed meanwhile fails before any byte of
         a response arrives; that one attempt is repeated once on a fresh connection.
         """
+        return await self._deliver(self._message(method, path, body, headers, under_base))
+
+    def _message(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        headers: Mapping[str, str] | None,
+        under_base: bool,
+    ) -> bytes:
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         length = "" if body is None else f"Content-Length: {len(body)}\r\n"
         head = (
             f"{method} {self.path_prefix if under_base else ''}{path} HTTP/1.1\r\n"
             f"{self._head}{extra}{length}\r\n"
         ).encode("latin-1")
-        message = head + body if body else head
+        return head + body if body else head
+
+    def _take_idle(self) -> _Connection | None:
         while self._idle:
             conn = self._idle.pop()
-            if conn.wire.arrivals.at_eof:
-                conn.close()  # the server closed it while it was idle
-                continue
+            if not conn.wire.arrivals.at_eof:
+                return conn
+            conn.close()  # the server closed it while it was idle
+        return None
+
+    async def _deliver(self, message: bytes) -> Response:
+        while (conn := self._take_idle()) is not None:
             try:
                 return await self._exchange(conn, message)
             except HttpConnectionError:
                 conn.close()  # stale keep-alive connection: try the next, then a fresh one
         return await self._exchange(await self._connect(), message)
 
-    async def _exchange(self, conn: _Connection, message: bytes) -> Response:
+    def outgoing(self, path: str, body: bytes) -> Outgoing:
+        """A POST made ready before it is due (its bytes), for `fire` and `complete`."""
+        return Outgoing(self._message("POST", path, body, None, True))
+
+    def fire(self, out: Outgoing) -> None:
+        """Write a ready request now, without waiting, on an idle open connection: the least
+        work between a request's due time and its bytes leaving, so that a wave of requests due
+        at once goes out back to back (`handed_at` stamped just before the write). With no idle
+        connection, or a write that fails (a stale keep-alive one), `complete` does the rest."""
+        out.handed_at = time.perf_counter()
+        conn = self._take_idle()
+        if conn is None:
+            return
+        try:
+            out.written = conn.wire.write(out.message)
+        except ConnectionError:
+            conn.close()
+            return
+        out.conn = conn
+
+    async def complete(self, out: Outgoing) -> Response:
+        """The response to a `fire`d request: its status and headers (the body is the caller's).
+        A request not yet on a connection goes now, as `request` sends one."""
+        conn = out.conn
+        if conn is None:
+            return await self._deliver(out.message)
+        out.conn = None
+        try:
+            return await self._exchange(conn, out.message, out.written, out.handed_at)
+        except HttpConnectionError:
+            conn.close()  # stale keep-alive connection: as `request`, once more on another
+        return await self._deliver(out.message)
+
+    async def _exchange(
+        self, conn: _Connection, message: bytes, written: int = 0, sent_at: float | None = None
+    ) -> Response:
         connect_s, conn.connect_s = conn.connect_s, None
         try:
-            sent_at = time.perf_counter()
-            await conn.wire.send(message)
+            if sent_at is None:
+                sent_at = time.perf_counter()
+                await conn.wire.send(message)
+            elif written < len(message):
+                await conn.wire.send(message[written:])
             status, headers = await _read_head(conn.wire)
         except ConnectionError as exc:
             conn.close()

@@ -65,6 +65,7 @@ from metrale.endpoint.http import (
     ConnectionPool,
     HttpConnectionError,
     HttpProtocolError,
+    Outgoing,
     Response,
 )
 
@@ -349,16 +350,21 @@ async def exchange(
     *,
     timeout_s: float,
     cap: int | None,
+    outgoing: Outgoing | None = None,
 ) -> Completion:
     """POST `payload` and read the whole response within `timeout_s`; `send` is the caller's
     `perf_counter()` just before the call (so a failure still has its send time). The
     completion's times count from the write to an open connection (`Completion.sent_s` after
-    `send`), its connect time is `connect_s`."""
+    `send`), its connect time is `connect_s`. With `outgoing`, the request was made ready and
+    written already (`ConnectionPool.fire`): only its answer is awaited here."""
     resp: Response | None = None
     status: int | None = None
     try:
         async with asyncio.timeout(timeout_s):
-            resp = await pool.post(path, payload)
+            if outgoing is not None:
+                resp = await pool.complete(outgoing)
+            else:
+                resp = await pool.post(path, payload)
             status = resp.status
             if not 200 <= status < 300:
                 retryable = status == 429 or status >= 500

@@ -145,6 +145,8 @@ class Sink(Protocol):
 class Wire(Protocol):
     arrivals: Arrivals
 
+    def write(self, data: bytes) -> int: ...
+
     async def send(self, data: bytes) -> None: ...
 
     def close(self) -> None: ...
@@ -202,15 +204,19 @@ class SocketWire:
             return
         self.arrivals.feed(data, kernel_stamp(ancillary, now) if ancillary else now)
 
-    async def send(self, data: bytes) -> None:
-        """A request is small: one `send` takes it whole on an open connection; what is left,
-        if anything, goes when the socket can take it."""
+    def write(self, data: bytes) -> int:
+        """Write what the socket takes now, without waiting: the bytes written (a request is
+        small: on an open connection, all of them). `ConnectionResetError` when it failed."""
         try:
-            sent = self.sock.send(data)
+            return self.sock.send(data)
         except (BlockingIOError, InterruptedError):
-            sent = 0
+            return 0
         except OSError as exc:
             raise ConnectionResetError(f"{type(exc).__name__}: {exc}") from None
+
+    async def send(self, data: bytes) -> None:
+        """`write`, then what is left, if anything, when the socket can take it."""
+        sent = self.write(data)
         if sent < len(data):
             try:
                 await self._loop.sock_sendall(self.sock, data[sent:])
@@ -257,10 +263,15 @@ class TransportWire:
             transport.resume_reading,
         )
 
-    async def send(self, data: bytes) -> None:
+    def write(self, data: bytes) -> int:
+        """The transport takes every byte (it buffers what the socket does not)."""
         if self.transport.is_closing():
             raise ConnectionResetError("connection closed")
         self.transport.write(data)
+        return len(data)
+
+    async def send(self, data: bytes) -> None:
+        self.write(data)
 
     def close(self) -> None:
         self.transport.close()

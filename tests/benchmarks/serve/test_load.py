@@ -106,6 +106,42 @@ def test_closed_loop_keeps_concurrency_and_splits_phases() -> None:
     assert all(r.ready_s == r.intended_s for r in seen)
 
 
+def test_closed_loop_fires_its_first_wave_before_awaiting_any_answer() -> None:
+    """The N first requests are made ready, then written back to back (one wave, ready = the
+    level's start for all); a worker's next request is written when its previous one ended."""
+    t0 = time.perf_counter()
+    events: list[tuple[str, int]] = []
+
+    class Fake:
+        def __init__(self, record: RequestRecord) -> None:
+            self.record = record
+            events.append(("prepare", record.index))
+
+        def fire(self) -> None:
+            events.append(("fire", self.record.index))
+            self.record.send_s = time.perf_counter() - t0
+
+        async def finish(self) -> None:
+            await asyncio.sleep(0.005)
+            self.record.ttft_s = self.record.e2e_s = 0.005
+            self.record.end_s = time.perf_counter() - t0
+
+    async def unused(record: RequestRecord) -> None:
+        raise AssertionError("a level with `prepare` sends through it")
+
+    seen: list[RequestRecord] = []
+    spec = LevelSpec(index=0, label="c4", concurrency=4, measure=Bound(count=12))
+    measured = asyncio.run(run_level(spec, unused, seen.append, LevelState(spec), t0,
+                                     prepare=Fake))  # fmt: skip
+    assert len(measured) == 12
+    assert events[:8] == [("prepare", i) for i in range(4)] + [("fire", i) for i in range(4)]
+    first = [r for r in seen if r.index < 4]
+    assert len({r.ready_s for r in first}) == 1 and all(r.intended_s == r.ready_s for r in first)
+    assert all(r.send_s is not None and r.send_s >= r.ready_s for r in seen)
+    later = [r for r in seen if r.index >= 4]
+    assert all(r.ready_s == r.intended_s for r in later)
+
+
 def test_open_loop_with_a_cap_reports_queue_wait() -> None:
     send, peak, t0 = _fake_send(0.05)
     seen: list[RequestRecord] = []

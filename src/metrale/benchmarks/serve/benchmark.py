@@ -9,11 +9,12 @@ ends; `metrale plot` reads it).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from metrale.agent import BASH_TOOL
-from metrale.benchmarks.serve.client import PreparedRequest, StreamClient
+from metrale.benchmarks.serve.client import Launch, PreparedRequest, StreamClient
 from metrale.benchmarks.serve.declared import METRICS, samples
 from metrale.benchmarks.serve.lanes import run_lanes
 from metrale.benchmarks.serve.load import (
@@ -88,6 +89,8 @@ from metrale.stats import percentile
 #: chunks are stamped on arrival, so only a client a whole chunk interval behind (tens of ms
 #: at a batching server's decode step) stamps late; 10 ms is well before that.
 CLIENT_LAG_WARN_MS = 10.0
+#: the live view's running TTFT and TPOT are those of the latest this many measured requests
+LIVE_WINDOW = 512
 
 
 class ServeBenchmark(BenchmarkBase):
@@ -121,6 +124,8 @@ class ServeBenchmark(BenchmarkBase):
         super().__init__()
         self.slos: dict[str, float] = {}
         self.client_workers = 1
+        self._live_state: LevelState | None = None
+        self._live_seen = self._live_errors = 0
         self.percentiles: list[float] = []
         self._file_prompts: list[Prompt] | None = None
         self._sessions: SessionSource | None = None
@@ -392,29 +397,42 @@ class ServeBenchmark(BenchmarkBase):
         self._state = state = LevelState(spec)
         bodies = self._bodies
 
-        async def send(record: RequestRecord) -> None:
+        def prepare(record: RequestRecord) -> Launch:
             i = self._next_prompt % len(bodies)
             self._next_prompt += 1
             names, tokens = self._prefixes[i]
             record.ideal_prompt_tokens = tokens
             record.ideal_cached_tokens = self._ideal.add_blocks(names, tokens)
-            await client.send(bodies[i], record, self._t0)
+            return client.launch(bodies[i], record, self._t0)
+
+        async def send(record: RequestRecord) -> None:
+            await prepare(record).finish()
 
         def on_record(record: RequestRecord) -> None:
             handle.artifacts.append_line(REQUESTS_FILE, record)
 
-        async def send_turn(session: Session, turn: Turn, record: RequestRecord) -> None:
+        def prepare_turn(session: Session, turn: Turn) -> Callable[[RequestRecord], Launch]:
             words = message_words(session.messages[: turn.upto])
-            record.ideal_prompt_tokens = len(words)
-            record.ideal_cached_tokens = self._ideal.add(words)
-            await client.send(self._turn_body(session, turn), record, self._t0)
+            names, tokens = block_hashes(words, self._ideal.block), len(words)
+            request = self._turn_body(session, turn)
+
+            def due(record: RequestRecord) -> Launch:  # the ideal cache counts in send order
+                record.ideal_prompt_tokens = tokens
+                record.ideal_cached_tokens = self._ideal.add_blocks(names, tokens)
+                return client.launch(request, record, self._t0)
+
+            return due
+
+        async def send_turn(session: Session, turn: Turn, record: RequestRecord) -> None:
+            await prepare_turn(session, turn)(record).finish()
 
         started = time.perf_counter()
         if spec.lanes is not None:
             assert self._sessions is not None
             records = await run_lanes(
-                spec, self._sessions, send_turn, on_record, state, self._t0, early_stop
-            )
+                spec, self._sessions, send_turn, on_record, state, self._t0, early_stop,
+                prepare_turn,
+            )  # fmt: skip
         elif self.client_workers > 1 and spec.concurrency is not None and spec.concurrency > 1:
             assert handle.target is not None
             records = await run_level_in_workers(
@@ -422,11 +440,12 @@ class ServeBenchmark(BenchmarkBase):
                 self.values["api"], bodies, self._t0, state, on_record,
             )  # fmt: skip
         else:
-            if not spec.warmup.empty:
-                # A warm-up opens the level's connections before it starts, so that no
-                # measured request pays a connect (reported apart anyway: `connect_ms_*`).
+            if spec.concurrency is not None or not spec.warmup.empty:
+                # A fixed concurrency (or a warm-up) opens the level's connections before it
+                # starts, so that its first wave is writes only and no measured request pays a
+                # connect (a connect is reported apart anyway: `connect_ms_*`).
                 await client.pool.open(spec.concurrency or spec.max_concurrency or 0)
-            records = await run_level(spec, send, on_record, state, self._t0, early_stop)
+            records = await run_level(spec, send, on_record, state, self._t0, early_stop, prepare)
         self._records[spec.index] = [r for r in records if r.phase == "measure"]
         metrics = summarize(records, percentiles=self.percentiles, slos=self.slos)
         if spec.lanes is not None:
@@ -469,10 +488,20 @@ class ServeBenchmark(BenchmarkBase):
         if state is None:
             return result
         now = time.perf_counter()
-        ok = [r for r in state.measured if r.ok]
+        # The running figures are those of the latest LIVE_WINDOW requests, and the error count
+        # is kept as records come: this runs every `poll_s` on the loop that sends, so its cost
+        # must not grow with the run (over 6,000 records it took ~10 ms, every scheduling lag
+        # behind it that much later).
+        measured = state.measured
+        if self._live_state is not state:  # a new level
+            self._live_state, self._live_seen, self._live_errors = state, 0, 0
+        for r in measured[self._live_seen :]:
+            self._live_errors += r.error is not None
+        self._live_seen = len(measured)
+        ok = [r for r in measured[-LIVE_WINDOW:] if r.ok]
         ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
         tpots = [x for r in ok if (x := tpot(r)) is not None]
-        errors = len(state.measured) - len(ok)
+        errors = self._live_errors
         result.done = len(state.measured)
         result.total = state.spec.measure.count
         result.summary = (

@@ -3,9 +3,11 @@
 It sends through the same keep-alive pool (`endpoint.http`) and reads through the same parser
 (`endpoint.stream.exchange`) as the chat client of rollouts, so TTFT, E2E, chunk times and the
 token-source rule are those of `endpoint.stream`, defined once. What it adds is serve's own:
-bodies encoded once before the load starts (`prepare`), no text kept, a lean per-request
-`RequestRecord`, and **no retries**: a retry would change the load being measured, so a failed
-request is recorded as one (`error` = "kind: message", the kinds of `endpoint.stream`).
+bodies encoded once before the load starts (`prepare`), each request's bytes made ready
+before it is due and written without a wait when it is (`launch`), no text kept, a lean
+per-request `RequestRecord`, and **no retries**: a retry would change the load being
+measured, so a failed request is recorded as one (`error` = "kind: message", the kinds of
+`endpoint.stream`).
 
 It honours the run-wide `ClientOptions` as the chat client does: `request_timeout_s` bounds
 each request, `stream=False` (`--no-stream`) sends non-streaming requests (TTFT = E2E, one
@@ -24,7 +26,7 @@ import orjson
 
 from metrale.benchmarks.serve.metrics import RequestRecord
 from metrale.endpoint.client import ClientOptions, Target
-from metrale.endpoint.http import ConnectionPool
+from metrale.endpoint.http import ConnectionPool, Outgoing
 from metrale.endpoint.stream import CallFailed, StreamParser, exchange
 
 logger = logging.getLogger(__name__)
@@ -84,17 +86,32 @@ class StreamClient:
         cap = self.options.response_cap(max_tokens if isinstance(max_tokens, int) else None)
         return PreparedRequest(orjson.dumps(body), cap)
 
-    async def send(self, request: PreparedRequest, record: RequestRecord, t0: float) -> None:
-        """Send one request and fill `record`; failures go in `record.error`, never raised."""
+    def launch(self, request: PreparedRequest, record: RequestRecord, t0: float) -> Launch:
+        """`request` made ready (its bytes) before it is due: `fire()` writes it at once,
+        `finish()` reads the answer into `record`."""
+        return Launch(self, request, record, t0, self.pool.outgoing(self.path, request.body))
+
+    async def send(
+        self,
+        request: PreparedRequest,
+        record: RequestRecord,
+        t0: float,
+        out: Outgoing | None = None,
+    ) -> None:
+        """Send one request (`out`: made ready and fired already) and fill `record`; failures
+        go in `record.error`, never raised."""
         pool = self.pool
-        send = time.perf_counter()
+        if out is None:
+            out = pool.outgoing(self.path, request.body)
+            pool.fire(out)
+        send = out.handed_at
         record.send_s = send - t0
-        record.started_at = time.time()
+        record.started_at = time.time() - (time.perf_counter() - send)
         parser = StreamParser(keep_text=False, keep_times=True)
         try:
             done = await exchange(
                 pool, self.path, request.body, send, parser,
-                timeout_s=self.options.request_timeout_s, cap=request.cap,
+                timeout_s=self.options.request_timeout_s, cap=request.cap, outgoing=out,
             )  # fmt: skip
         except CallFailed as exc:
             record.status = exc.status
@@ -121,3 +138,28 @@ class StreamClient:
             if done.ttft_s is None:
                 record.error = "no_output: the response carried no output chunk"
         record.end_s = time.perf_counter() - t0
+
+
+class Launch:
+    """One request of serve's load made ready before it is due (`StreamClient.launch`): the
+    load generator `fire`s a wave of them back to back, then awaits each one's `finish`."""
+
+    __slots__ = ("client", "out", "record", "request", "t0")
+
+    def __init__(
+        self,
+        client: StreamClient,
+        request: PreparedRequest,
+        record: RequestRecord,
+        t0: float,
+        out: Outgoing,
+    ) -> None:
+        self.client, self.request, self.record, self.t0, self.out = client, request, record, t0, out
+
+    def fire(self) -> None:
+        self.client.pool.fire(self.out)
+
+    async def finish(self) -> None:
+        if not self.out.handed_at:
+            self.fire()
+        await self.client.send(self.request, self.record, self.t0, self.out)

@@ -18,12 +18,15 @@ import itertools
 import time
 from collections.abc import Awaitable, Callable
 
-from metrale.benchmarks.serve.load import LevelSpec, LevelState, Phases
+from metrale.benchmarks.serve.load import Launch, LevelSpec, LevelState, Phases
 from metrale.benchmarks.serve.metrics import RequestRecord
 from metrale.benchmarks.serve.sessions import Session, SessionSource, Turn
 
 #: Sends one turn of a session and fills the record (errors in `record.error`, never raised).
 TurnSend = Callable[[Session, Turn, RequestRecord], Awaitable[None]]
+#: Makes a turn's request ready (its body encoded) before its tool time is over; the function
+#: it returns is called when the turn is due, with its record, and gives the `Launch` to fire.
+TurnPrepare = Callable[[Session, Turn], Callable[[RequestRecord], Launch]]
 #: Says why a level should stop now (over-saturated, failed), or None; see `search`.
 EarlyStop = Callable[[LevelState], str | None]
 
@@ -36,8 +39,11 @@ async def run_lanes(
     state: LevelState,
     t0: float,
     early_stop: EarlyStop | None = None,
+    prepare: TurnPrepare | None = None,
 ) -> list[RequestRecord]:
-    """Run one level of `spec.lanes` lanes to its end; return every measured record."""
+    """Run one level of `spec.lanes` lanes to its end; return every measured record. With
+    `prepare`, a turn is made ready before its tool time is slept, and written as the lane
+    wakes: the lag is the loop's delay in waking it, not the turn's encoding."""
     assert spec.lanes is not None
     n_lanes = spec.lanes
     start = time.perf_counter()
@@ -66,7 +72,13 @@ async def run_lanes(
             state.stopped = reason
             finished.set()
 
-    async def turn(session: Session, t: int, phase: str, ready: float) -> RequestRecord:
+    async def turn(
+        session: Session,
+        t: int,
+        phase: str,
+        ready: float,
+        made: Callable[[RequestRecord], Launch] | None,
+    ) -> RequestRecord:
         step = session.turns[t]
         record = RequestRecord(
             level=spec.index, index=state.sent, phase=phase,  # type: ignore[arg-type]
@@ -78,7 +90,12 @@ async def run_lanes(
             state.measured_sent += 1
         state.in_flight += 1
         try:
-            await send(session, step, record)
+            if made is None:
+                await send(session, step, record)
+            else:
+                launch = made(record)
+                launch.fire()
+                await launch.finish()
         except asyncio.CancelledError:
             record.error = record.error or "cancelled"
             record.end_s = time.perf_counter() - t0
@@ -101,10 +118,11 @@ async def run_lanes(
             ready = time.perf_counter()
             for t, step in enumerate(session.turns):
                 ready += step.tool_s
+                made = prepare(session, step) if prepare is not None else None
                 delay = ready - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                record = await turn(session, t, phase, ready)
+                record = await turn(session, t, phase, ready, made)
                 ready = t0 + record.end_s if record.end_s is not None else time.perf_counter()
             if phase == "measure":
                 measured_left -= 1

@@ -21,7 +21,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from metrale.benchmarks.serve.metrics import Phase, RequestRecord
 
@@ -128,6 +128,35 @@ class LevelState:
 SendFn = Callable[[RequestRecord], Awaitable[None]]
 
 
+class Launch(Protocol):
+    """One request made ready before it is due (its bytes encoded, its bookkeeping done):
+    `fire` writes it at once, without waiting (stamping `record.send_s`), `finish` awaits its
+    answer and fills the record. `serve.client.Launch` is the real one."""
+
+    def fire(self) -> None: ...
+
+    def finish(self) -> Awaitable[None]: ...
+
+
+#: Makes a record's request ready (`Launch`); called before the request is due.
+Prepare = Callable[[RequestRecord], Launch]
+
+
+class _Later:
+    """A plain `SendFn` as a `Launch`: nothing is ready ahead, the send is all in `finish`."""
+
+    __slots__ = ("record", "send")
+
+    def __init__(self, send: SendFn, record: RequestRecord) -> None:
+        self.send, self.record = send, record
+
+    def fire(self) -> None:
+        return None
+
+    def finish(self) -> Awaitable[None]:
+        return self.send(self.record)
+
+
 class Phases:
     """Which phase the next request belongs to; None when the level should stop sending."""
 
@@ -166,10 +195,13 @@ async def run_level(
     state: LevelState,
     t0: float,
     early_stop: Callable[[LevelState], str | None] | None = None,
+    prepare: Prepare | None = None,
 ) -> list[RequestRecord]:
     """Run one level to its end and return every measured record.
 
     `send` fills in a record (send time, chunks, error); `t0` is the run's perf_counter origin.
+    With `prepare`, a request is made ready before it is due and written the moment it is
+    (`Launch`), and a fixed concurrency's first requests leave as one wave (`_closed_loop`).
     The level ends when the cool-down bound is reached and every measured request has finished;
     cool-down requests still in flight then are cancelled (recorded with error "cancelled").
     An error rate above `max_error_rate` (checked from 10 measured completions on) stops it early,
@@ -182,12 +214,13 @@ async def run_level(
     measured_left = 0
     all_measured_done = asyncio.Event()
     errors = 0
+    ready_up: Prepare = prepare or (lambda record: _Later(send, record))
 
-    async def one(record: RequestRecord) -> None:
+    async def one(record: RequestRecord, launch: Launch) -> None:
         nonlocal measured_left, errors
         state.in_flight += 1
         try:
-            await send(record)
+            await launch.finish()
         except asyncio.CancelledError:
             record.error = record.error or "cancelled"
             record.end_s = time.perf_counter() - t0
@@ -237,16 +270,18 @@ async def run_level(
         task.add_done_callback(tasks.discard)
         return task
 
+    loop = _Loop(t0, phases, state, admit, ready_up, one, track, all_measured_done)
     if spec.concurrency is not None:
-        await _closed_loop(
-            spec.concurrency, start, t0, phases, admit, one, track, all_measured_done
-        )
+        await loop.closed(spec.concurrency)
     else:
-        await _open_loop(spec, t0, phases, admit, one, track, all_measured_done)
+        await loop.open(spec)
     # Stop sending; wait for the measured requests, then cancel the cool-down stragglers.
     phases.stop = True
     while measured_left > 0 and tasks:
         await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
+    # One step for the tasks created last: a request fired just before must reach its
+    # `finish`, whose cancellation closes the connection it was written on.
+    await asyncio.sleep(0)
     for task in list(tasks):
         task.cancel()
     if tasks:
@@ -256,69 +291,97 @@ async def run_level(
 
 Admit = Callable[[Phase, float], RequestRecord]
 Track = Callable[[Awaitable[None]], "asyncio.Task[None]"]
+One = Callable[[RequestRecord, Launch], Awaitable[None]]
 
 
-async def _closed_loop(
-    concurrency: int,
-    start: float,
-    t0: float,
-    phases: Phases,
-    admit: Admit,
-    one: Callable[[RequestRecord], Awaitable[None]],
-    track: Track,
-    all_measured_done: asyncio.Event,
-) -> None:
-    """N workers; a worker's next request is intended (and ready) the moment its previous one
-    ended, so the scheduling lag includes the event loop's delay in noticing that end."""
+@dataclass
+class _Loop:
+    """The two ways a level sends: closed (N workers) and open (arrivals on a schedule)."""
 
-    async def worker() -> None:
-        ready = start
-        while not all_measured_done.is_set():
+    t0: float
+    phases: Phases
+    state: LevelState
+    admit: Admit
+    prepare: Prepare
+    one: One
+    track: Track
+    all_measured_done: asyncio.Event
+
+    async def closed(self, concurrency: int) -> None:
+        """N workers; a worker's next request is intended (and ready) the moment its previous
+        one ended, so the scheduling lag includes the event loop's delay in noticing that end.
+
+        The N first requests are all due when the level starts: they are made ready before
+        (records, bytes), the level's clock starts, and they are written back to back in one
+        wave, each stamped as it goes, so that the last waits only for the writes before it, not
+        for N coroutines' set-up. A worker then sends its next request in the step that saw its
+        previous one end (no task in between)."""
+        phases, t0 = self.phases, self.t0
+        first: list[tuple[RequestRecord, Launch]] = []
+        for _ in range(concurrency):
             phase = phases.next(time.perf_counter())
             if phase is None:
+                break
+            record = self.admit(phase, t0)
+            first.append((record, self.prepare(record)))
+        due = time.perf_counter()
+        for _, launch in first:
+            launch.fire()
+        phases.phase_start = self.state.started = due
+        for record, _ in first:
+            record.intended_s = record.ready_s = due - t0
+
+        async def worker(record: RequestRecord, launch: Launch) -> None:
+            while True:
+                await self.one(record, launch)
+                if self.all_measured_done.is_set():
+                    return
+                ready = t0 + record.end_s if record.end_s is not None else time.perf_counter()
+                phase = phases.next(time.perf_counter())
+                if phase is None:
+                    return
+                record = self.admit(phase, ready)
+                launch = self.prepare(record)
+                launch.fire()
+
+        await asyncio.gather(*(self.track(worker(r, launch)) for r, launch in first))
+
+    async def open(self, spec: LevelSpec) -> None:
+        """Arrivals on a seeded schedule (or a trace's offsets); with `max_concurrency`, an
+        arrival waits for a slot and the wait is its queue wait. An arrival is written in the
+        step that woke for it; its answer is awaited in a task of its own."""
+        t0, phases = self.t0, self.phases
+        if spec.offsets_s is not None:
+            gaps = offset_gaps(spec.offsets_s)
+        else:
+            assert spec.rate is not None
+            gaps = arrival_gaps(spec.arrivals, spec.rate, random.Random(spec.seed), spec.burstiness)
+        slots = asyncio.Semaphore(spec.max_concurrency) if spec.max_concurrency else None
+
+        async def gated(record: RequestRecord) -> None:
+            assert slots is not None
+            async with slots:
+                record.ready_s = max(time.perf_counter() - t0, record.intended_s)
+                launch = self.prepare(record)
+                launch.fire()
+                await self.one(record, launch)
+
+        intended = time.perf_counter()
+        while not self.all_measured_done.is_set():
+            intended += next(gaps)
+            delay = intended - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            phase = phases.next(intended)
+            if phase is None:
                 return
-            record = admit(phase, ready)
-            await track(one(record))
-            ready = t0 + record.end_s if record.end_s is not None else time.perf_counter()
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-
-
-async def _open_loop(
-    spec: LevelSpec,
-    t0: float,
-    phases: Phases,
-    admit: Admit,
-    one: Callable[[RequestRecord], Awaitable[None]],
-    track: Track,
-    all_measured_done: asyncio.Event,
-) -> None:
-    """Arrivals on a seeded schedule (or a trace's offsets); with `max_concurrency`, an arrival
-    waits for a slot and the wait is its queue wait."""
-    if spec.offsets_s is not None:
-        gaps = offset_gaps(spec.offsets_s)
-    else:
-        assert spec.rate is not None
-        gaps = arrival_gaps(spec.arrivals, spec.rate, random.Random(spec.seed), spec.burstiness)
-    slots = asyncio.Semaphore(spec.max_concurrency) if spec.max_concurrency else None
-
-    async def gated(record: RequestRecord) -> None:
-        assert slots is not None
-        async with slots:
-            record.ready_s = max(time.perf_counter() - t0, record.intended_s)
-            await one(record)
-
-    intended = time.perf_counter()
-    while not all_measured_done.is_set():
-        intended += next(gaps)
-        delay = intended - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        phase = phases.next(intended)
-        if phase is None:
-            return
-        record = admit(phase, intended)
-        track(one(record) if slots is None else gated(record))
+            record = self.admit(phase, intended)
+            if slots is None:
+                launch = self.prepare(record)
+                launch.fire()
+                self.track(self.one(record, launch))
+            else:
+                self.track(gated(record))
 
 
 def offset_gaps(offsets_s: tuple[float, ...]) -> Iterator[float]:

@@ -1,12 +1,13 @@
 """serve's load spread over worker processes, when one event loop cannot keep up.
 
-At 1,000 concurrent streams one process spends its time in the event loop: sending the first
-1,000 requests takes tens of milliseconds (each request waits for the ones before it: its
+At 1,000 concurrent streams one process spends its time in the event loop: writing the first
+1,000 requests takes ~6 ms even in one tight wave (each waits for the writes before it: its
 scheduling lag), and every chunk costs ~15 µs of CPU. `--client-workers N` (or `auto`, one per
-core) runs a fixed-concurrency level as N processes, the way AIPerf does: each has its own
-event loop, connection pool and share of the concurrency and of the request counts, and sends
-its records back to the parent when its share ends; the parent merges them (renumbered, in
-send order) and computes the level's metrics over all of them, as for one process.
+core; worth it only with cores to spare beside the server) runs a fixed-concurrency level as
+N processes, the way AIPerf does: each has its own event loop, connection pool and share of
+the concurrency and of the request counts, and sends its records back to the parent when its
+share ends; the parent merges them (renumbered, in send order) and computes the level's
+metrics over all of them, as for one process.
 
 All processes read the same clock: `time.perf_counter()` is the system's monotonic clock, so a
 record's times (since the run's `t0`) mean the same whichever process wrote it. The workers are
@@ -26,7 +27,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
-from metrale.benchmarks.serve.client import PreparedRequest, StreamClient
+from metrale.benchmarks.serve.client import Launch, PreparedRequest, StreamClient
 from metrale.benchmarks.serve.load import Bound, LevelSpec, LevelState, run_level
 from metrale.benchmarks.serve.metrics import RequestRecord
 from metrale.endpoint.client import ClientOptions, Target
@@ -92,7 +93,7 @@ async def _work(
     bodies: list[PreparedRequest], first: int, spec: LevelSpec, t0: float,
 ) -> list[RequestRecord]:  # fmt: skip
     async with StreamClient(target, options, api) as client:
-        if not spec.warmup.empty and spec.concurrency:
+        if spec.concurrency:  # opened ahead: the level's first wave is writes only
             await client.pool.open(spec.concurrency)
         conn.send(("ready", None))
         loop = asyncio.get_running_loop()
@@ -101,13 +102,16 @@ async def _work(
         records: list[RequestRecord] = []
         next_body = first
 
-        async def send(record: RequestRecord) -> None:
+        def prepare(record: RequestRecord) -> Launch:
             nonlocal next_body
             body = bodies[next_body % len(bodies)]
             next_body += 1
-            await client.send(body, record, t0)
+            return client.launch(body, record, t0)
 
-        await run_level(spec, send, records.append, state, t0)
+        async def send(record: RequestRecord) -> None:
+            await prepare(record).finish()
+
+        await run_level(spec, send, records.append, state, t0, prepare=prepare)
         return records
 
 
