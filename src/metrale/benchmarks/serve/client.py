@@ -25,7 +25,7 @@ import orjson
 from metrale.benchmarks.serve.metrics import RequestRecord
 from metrale.endpoint.client import ClientOptions, Target
 from metrale.endpoint.http import ConnectionPool
-from metrale.endpoint.stream import CallFailed, StreamParser, exchange
+from metrale.endpoint.stream import CallFailed, Completion, StreamParser, exchange
 
 logger = logging.getLogger(__name__)
 
@@ -84,13 +84,18 @@ class StreamClient:
         cap = self.options.response_cap(max_tokens if isinstance(max_tokens, int) else None)
         return PreparedRequest(orjson.dumps(body), cap)
 
-    async def send(self, request: PreparedRequest, record: RequestRecord, t0: float) -> None:
-        """Send one request and fill `record`; failures go in `record.error`, never raised."""
+    async def send(
+        self, request: PreparedRequest, record: RequestRecord, t0: float, keep_text: bool = False
+    ) -> Completion | None:
+        """Send one request and fill `record`; failures go in `record.error`, never raised.
+        Returns what the response said (with its text and tool calls when `keep_text`: a live
+        session's agent reads them), or None when it failed."""
         pool = self.pool
         send = time.perf_counter()
         record.send_s = send - t0
         record.started_at = time.time()
-        parser = StreamParser(keep_text=False, keep_times=True)
+        parser = StreamParser(keep_text=keep_text, keep_times=True)
+        done: Completion | None = None
         try:
             done = await exchange(
                 pool, self.path, request.body, send, parser,
@@ -102,6 +107,7 @@ class StreamClient:
         except Exception as exc:  # any other surprise is one failed request, not a failed run
             logger.debug("request %d failed in the client", record.index, exc_info=exc)
             record.error = f"client: {type(exc).__name__}: {exc}"
+            done = None
         else:
             record.status = done.status
             record.sent_s = record.send_s + done.sent_s
@@ -121,3 +127,4 @@ class StreamClient:
             if done.ttft_s is None:
                 record.error = "no_output: the response carried no output chunk"
         record.end_s = time.perf_counter() - t0
+        return done if record.error is None else None
