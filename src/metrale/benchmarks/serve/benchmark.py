@@ -280,6 +280,8 @@ class ServeBenchmark(BenchmarkBase):
         if self._live is not None:  # its image, its cache: once, before any level
             handle.on_status(f"live: {self._live.id}")
             await self._live.load(handle)
+            for line in self._live.bench.logs:  # its build and where its commands run
+                self._log(line.level, f"{self._live.id}: {line.message}")
         self._bodies = [self._body(p) for p in prompts]
         self._ideal = IdealPrefixCache(v["cache_block"])
         self._prefixes = [
