@@ -1,6 +1,7 @@
 """serve's live session source end to end: terminal_bench's fix-git agents in real bwrap
 sandboxes as 8 lanes against `metrale sim --replay`, per-turn TTFT and the reward under load;
-Ctrl-C in the middle leaves no sandbox; bad combinations are one line and exit 2."""
+agentic_webserver's agents building a real server the same way; Ctrl-C in the middle leaves no
+sandbox; bad combinations are one line and exit 2."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from metrale.benchmarks.agentic_webserver.warm import WarmCache
+from tests.benchmarks.agentic_webserver.conftest import warm_cargo  # noqa: F401 (a fixture)
 from tests.conftest import run_cli, start_sim
 from tests.faults.helpers import count_lines, lines, spawn, stop, wait_for
 from tests.runtime.engine import require_engine
@@ -109,6 +112,32 @@ def test_fix_git_as_8_live_lanes_reports_per_turn_ttft_and_the_reward(
     report = run_cli(["report", str(out), "--json"], timeout=120)  # as serve.md shows it
     assert report.returncode == 0, report.stderr
     assert list(temp.glob("metrale-bwrap-*")) == [] and (_cgroups() - before) == set()
+
+
+@need_bwrap
+def test_agentic_webserver_agents_as_2_live_lanes_build_real_servers(
+    warm_cargo: WarmCache,  # noqa: F811 (the fixture)
+    tmp_path: Path,
+) -> None:
+    replay = resources.files("metrale.benchmarks.agentic_webserver").joinpath("replays")
+    out = tmp_path / "run"
+    with start_sim("--replay", str(replay.joinpath("good.jsonl"))) as sim:
+        done = run_cli(
+            ["run", "serve", "--target", sim.url, "--no-preflight", "--load", "sessions",
+             "--session-source", "live", "--live-benchmark", "agentic_webserver",
+             "--runtime", "bwrap", "--lanes", "2", "--sessions", "2", "--out", str(out),
+             "--json"],
+            timeout=600,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    sessions = lines(out / "sessions.jsonl")
+    assert [s["rollout"]["reward"] for s in sessions] == [1.0, 1.0]
+    assert all(s["rollout"]["metrics"]["webserver_ok"] for s in sessions)
+    metrics = json.loads(done.stdout)["result"]["metrics"]
+    assert metrics["session_reward_mean"] == 1.0 and metrics["turns_per_session_mean"] == 8
+    rows = [r for r in lines(out / "requests.jsonl") if r["phase"] == "measure"]
+    assert len(rows) == 16 and all(r["error"] is None for r in rows)
+    assert all(r["tool_s"] > 0 for r in rows if r["turn"] > 1)
 
 
 @need_bwrap
