@@ -23,6 +23,7 @@ from metrale.rollout import (
     RolloutPlan,
     RolloutRecord,
     StageTiming,
+    run_rollout,
     run_rollouts,
     summarize_records,
 )
@@ -840,3 +841,43 @@ def test_retries_a_runtime_made_within_its_start_count_as_runtime_retries() -> N
     p.make_runtime = lambda _index: Refused(ledger, fail_starts=1)
     [record] = run(p)
     assert record.error is None and record.runtime_retries == 3 + 1 + 3
+
+
+# --------------------------------------------------------------------------- one rollout alone
+
+
+class SeenClient:
+    """A chat client the rollout's context must hand its stages (never called here)."""
+
+    async def chat(self, messages: Any, **kw: Any) -> Any:
+        raise AssertionError("not called")
+
+
+def test_run_rollout_hands_its_own_client_and_stops_its_runtime_when_cancelled() -> None:
+    ledger = Ledger()
+    seen: list[object] = []
+    own = SeenClient()
+
+    class Sees(Task):
+        async def setup(self, ctx: RolloutContext) -> None:
+            seen.append(ctx.client)
+            await super().setup(ctx)
+
+    p = plan(ledger, sleep_s=30)
+    p.make_task = lambda i: Sees(ledger, i, sleep_s=30)
+
+    def in_setup() -> bool:
+        return ledger.starts == 1 and len(ledger.events) == 1
+
+    one = run_rollout(p, 7, time.perf_counter(), client=own)  # type: ignore[arg-type]
+    asyncio.run(cancel_when(one, in_setup, 200))
+    assert seen == [own] and ledger.starts == 1 and ledger.stops == 1
+    assert p.limiter is not None  # the plan's one limiter, made for the first rollout
+
+
+def test_run_rollout_returns_the_record_of_the_index_it_was_given() -> None:
+    ledger = Ledger()
+    record = asyncio.run(run_rollout(plan(ledger), 5, time.perf_counter()))
+    assert record.index == 5 and record.reward == 1.0 and record.error is None
+    assert set(record.stages) == {"setup", "generation", "scoring"}
+    assert ledger.starts == 1 and ledger.stops == 1

@@ -45,6 +45,7 @@ RUN_FILES = (
     "summary.json",
     "run.json",
     "requests.jsonl",
+    "sessions.jsonl",
     "retried.jsonl",
 )
 

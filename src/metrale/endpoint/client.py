@@ -18,7 +18,7 @@ import asyncio
 import random
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from pydantic import BaseModel, Field
@@ -111,6 +111,23 @@ class EndpointError(Exception):
     @property
     def retries(self) -> int:
         return self.call.retries if self.call else 0
+
+
+class ChatModel(Protocol):
+    """What a rollout's stages call for a model: `ChatClient`, or a caller's own measuring
+    client with the same `chat` (serve's live sessions: each call one turn of a session)."""
+
+    async def chat(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        seed: int | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+        extra: dict[str, Any] | None = None,
+        record_chunks: bool = False,
+    ) -> CallRecord: ...
 
 
 class ChatClient:

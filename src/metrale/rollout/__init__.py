@@ -1,7 +1,8 @@
 """The `rollout` layer: the engine under every rollout benchmark.
 
 - `records`: a rollout's record and the context its stages share;
-- `pool`: run N rollouts under a concurrency bound, clock their stages, record each one;
+- `pool`: run N rollouts under a concurrency bound, clock their stages, record each one
+  (`run_rollout`: one, for a caller that schedules rollouts itself);
 - `limiter`: how many sandbox starts may be under way at once; `warm`: the warm pool of
   sandboxes started ahead (`--runtime-pool`); `fds`: the file-descriptor bound on concurrency;
 - `BenchmarkBase`, the load / next / cleanup shape every benchmark shares, is the contract's
@@ -20,7 +21,7 @@ from metrale.rollout.fds import (
     FDS_PER_SANDBOXED_ROLLOUT,
     fd_concurrency_cap,
 )
-from metrale.rollout.pool import Progress, RolloutPlan, run_rollouts
+from metrale.rollout.pool import Progress, RolloutPlan, run_rollout, run_rollouts
 from metrale.rollout.records import (
     STAGES,
     ErrorInfo,
@@ -63,6 +64,7 @@ __all__ = [
     "build_summary",
     "fd_concurrency_cap",
     "finish",
+    "run_rollout",
     "run_rollouts",
     "shown_stages",
     "summarize_records",

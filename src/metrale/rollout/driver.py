@@ -68,6 +68,9 @@ class RolloutBenchmark(BenchmarkBase):
     #: a rollout's sandbox may be started ahead of it (`--runtime-pool`): False when a task
     #: prepares what its sandbox binds before the start (`before_runtime`)
     warm_pool: ClassVar[bool] = True
+    #: its model rollouts run the shell agent loop (`metrale.agent`) on the rollout's chat
+    #: client (`RolloutContext.client`), so serve may drive them as live sessions
+    agent_loop: ClassVar[bool] = False
 
     def __init__(self) -> None:
         super().__init__()

@@ -40,7 +40,7 @@ from metrale.stats import percentile
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from metrale.endpoint.client import ChatClient
+    from metrale.endpoint.client import ChatModel
 
 
 #: Durations a sandboxed rollout has beside its stages: `setup_wait`, the part of setup spent
@@ -73,7 +73,7 @@ class RolloutPlan:
     #: called once with a line to show the user (a concurrency cap, for example)
     on_warning: Callable[[str], None] = lambda message: None
     #: handed to every rollout's context
-    client: ChatClient | None = None
+    client: ChatModel | None = None
     run_dir: Path | None = None
     #: sandbox starts in flight at once: None adapts to the measured start latency (from
     #: twice the cores), 0 is no bound, N a fixed bound (`limiter`)
@@ -199,9 +199,7 @@ async def run_rollouts(plan: RolloutPlan, progress: Progress | None = None) -> l
         )
         width = cap
     indices = (i for i in range(plan.count) if i not in plan.skip)
-    if plan.make_runtime is not None and plan.limiter is None and plan.start_limit != 0:
-        fixed = plan.start_limit is not None
-        plan.limiter = StartLimiter(plan.start_limit, adaptive=not fixed)
+    _ensure_limiter(plan)
 
     pool = None
     if plan.make_runtime is not None and plan.runtime_pool > 0:
@@ -236,11 +234,31 @@ async def run_rollouts(plan: RolloutPlan, progress: Progress | None = None) -> l
     return sorted(progress.records, key=lambda r: r.index) if progress.keep_records else []
 
 
+def _ensure_limiter(plan: RolloutPlan) -> None:
+    """The run's one start limiter, made from `start_limit` unless the plan holds one."""
+    if plan.make_runtime is not None and plan.limiter is None and plan.start_limit != 0:
+        fixed = plan.start_limit is not None
+        plan.limiter = StartLimiter(plan.start_limit, adaptive=not fixed)
+
+
+async def run_rollout(
+    plan: RolloutPlan, index: int, origin: float, client: ChatModel | None = None
+) -> RolloutRecord:
+    """Rollout `index` of `plan`, alone, for a caller that schedules rollouts itself (serve's
+    live sessions: one after another in each lane, each with a chat `client` of its own in
+    place of the plan's). The same stages, clocks, runtime start (the plan's one limiter,
+    retries) and stop on every path, cancellation included, as in `run_rollouts`;
+    `on_record` is the caller's to call. Stage times count from `origin` (perf_counter)."""
+    _ensure_limiter(plan)
+    return await _run_one(plan, index, origin, client=client)
+
+
 async def _run_one(
     plan: RolloutPlan,
     index: int,
     origin: float,
     warm: tuple[WarmPool, asyncio.Task[Warm]] | None = None,
+    client: ChatModel | None = None,
 ) -> RolloutRecord:
     record = RolloutRecord(
         id=f"{plan.run_id}-{index}",
@@ -249,7 +267,8 @@ async def _run_one(
         runtime=plan.runtime_name,
         started_at=time.time(),
     )
-    ctx = RolloutContext(index=index, record=record, client=plan.client, run_dir=plan.run_dir)
+    chat = client if client is not None else plan.client
+    ctx = RolloutContext(index=index, record=record, client=chat, run_dir=plan.run_dir)
     if plan.make_runtime is not None:
         ctx._restart = lambda c: _restart_runtime(plan, c)
     stage = Stage.SETUP

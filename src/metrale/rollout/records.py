@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from metrale.runtime.base import Runtime
 
 if TYPE_CHECKING:
-    from metrale.endpoint.client import ChatClient
+    from metrale.endpoint.client import ChatModel
 
 
 class Stage(StrEnum):
@@ -99,7 +99,7 @@ class RolloutContext:
     index: int
     record: RolloutRecord
     runtime: Runtime | None = None
-    client: ChatClient | None = None
+    client: ChatModel | None = None
     run_dir: Path | None = None
     state: dict[str, Any] = field(default_factory=dict)
     _restart: Callable[[RolloutContext], Awaitable[Runtime]] | None = field(

@@ -176,6 +176,7 @@ class AgenticWebserverBenchmark(RolloutBenchmark):
         "bwrap sandbox or used in place by subprocess"
     )
     keep_records: ClassVar[bool] = True
+    agent_loop: ClassVar[bool] = True
     extra_axes: ClassVar[tuple[str, ...]] = ("max_turns", "max_tokens", "command_timeout_s")
 
     def __init__(self) -> None:

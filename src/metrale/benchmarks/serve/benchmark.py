@@ -9,14 +9,15 @@ ends; `metrale plot` reads it).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from metrale.agent import BASH_TOOL
 from metrale.benchmarks.serve.client import Launch, PreparedRequest, StreamClient
 from metrale.benchmarks.serve.declared import METRICS, samples
-from metrale.benchmarks.serve.lanes import run_lanes
+from metrale.benchmarks.serve.lanes import Turns, run_lanes, run_session_lanes
+from metrale.benchmarks.serve.live import SESSIONS_FILE, LiveChat, LiveSource, SessionRecord
 from metrale.benchmarks.serve.load import (
     Bound,
     LevelSpec,
@@ -26,6 +27,7 @@ from metrale.benchmarks.serve.load import (
     sweep_rates,
 )
 from metrale.benchmarks.serve.metrics import (
+    Phase,
     RequestRecord,
     summarize,
     tpot,
@@ -56,7 +58,9 @@ from metrale.benchmarks.serve.search import (
 )
 from metrale.benchmarks.serve.session_metrics import (
     by_turn,
+    live_samples,
     session_samples,
+    summarize_live,
     summarize_sessions,
 )
 from metrale.benchmarks.serve.sessions import Session, SessionSource, Turn, session_source
@@ -70,6 +74,7 @@ from metrale.benchmarks.serve.slo import (
 from metrale.benchmarks.serve.table import levels_table, ms_text
 from metrale.benchmarks.serve.trace import TraceRequest, load_trace, trace_prompts
 from metrale.benchmarks.serve.workers import parse_workers, run_level_in_workers
+from metrale.endpoint.stream import Completion
 from metrale.errors import UsageError
 from metrale.fmt import number_text
 from metrale.plugin import (
@@ -85,6 +90,9 @@ from metrale.plugin.lifecycle import BenchmarkBase
 from metrale.prefix import IdealPrefixCache, block_hashes, message_words
 from metrale.stats import percentile
 
+if TYPE_CHECKING:
+    from metrale.runtime.base import RuntimeConfig
+
 #: Client lag (arrival to processed) above which a level's chunk times may be the client's:
 #: chunks are stamped on arrival, so only a client a whole chunk interval behind (tens of ms
 #: at a batching server's decode step) stamps late; 10 ms is well before that.
@@ -94,7 +102,8 @@ LIVE_WINDOW = 512
 
 
 class ServeBenchmark(BenchmarkBase):
-    #: serve never retries (a retry changes the load) and runs nothing in a sandbox
+    #: serve never retries (a retry changes the load) and runs nothing in a sandbox, except
+    #: live sessions' agents: that configuration honours the runtime flags too (`configured`)
     options: ClassVar[frozenset[str]] = frozenset({"request_timeout", "stream", "max_response"})
     #: serve sends through its own lean client (`client.py`), not the chat client
     chat_client: ClassVar[bool] = False
@@ -129,6 +138,9 @@ class ServeBenchmark(BenchmarkBase):
         self.percentiles: list[float] = []
         self._file_prompts: list[Prompt] | None = None
         self._sessions: SessionSource | None = None
+        self._live: LiveSource | None = None
+        #: each level's measured live sessions: (reward, ended in an error)
+        self._outcomes: dict[int, list[tuple[float | None, bool]]] = {}
         self.tiers: list[Tier] = []
         self._search: SearchSpec | None = None
         self._trace: list[TraceRequest] | None = None
@@ -172,8 +184,15 @@ class ServeBenchmark(BenchmarkBase):
         self.percentiles = parse_percentiles(v["percentiles"])
         if v["load"] == "rate" and v["rate"] is None:
             raise UsageError("load=rate needs --rate REQ_PER_S")
+        if v["session_source"] != "live" and (
+            v["live_params"] or v["live_benchmark"] != "terminal_bench"
+        ):
+            raise UsageError("--live-benchmark and --live-params shape --session-source live "
+                             f"only; the session source is {v['session_source']!r}")  # fmt: skip
         if v["load"] == "sessions":
             self._sessions = self._session_source()
+        elif v["session_source"] == "live":
+            raise UsageError("--session-source live is a session workload: give --load sessions")
         elif v["requests"] is None and v["duration_s"] is None:
             raise UsageError("give --requests N or --duration-s S (a level must stop)")
         elif v["prompts"] not in ("synthetic", "gsm8k"):
@@ -190,13 +209,31 @@ class ServeBenchmark(BenchmarkBase):
             raise UsageError("--shared-prefix-tokens shapes synthetic prompts only; "
                              f"--prompts is {v['prompts']!r}")  # fmt: skip
 
-    def _session_source(self) -> SessionSource:
+    def _session_source(self) -> SessionSource | None:
         v = self.values
         if v["sessions"] is None and v["duration_s"] is None:
             raise UsageError("give --sessions N or --duration-s S (a level must stop)")
         if v["api"] != "chat":
             raise UsageError("load=sessions sends chat messages: it needs --api chat")
+        if v["session_source"] == "live":
+            self._live = LiveSource(v["live_benchmark"], v["live_params"])
+            # this configuration's own options (the CLI reads the configured instance's):
+            # setattr, since the class's are a ClassVar
+            setattr(self, "options", type(self).options | {"runtime"})  # noqa: B010
+            return None
         return session_source(v)
+
+    def runtime_choice(self, runtime: RuntimeConfig | None) -> RuntimeConfig | None:
+        """Live sessions' agents run in the driven benchmark's runtime (its default and its
+        refusals); every other workload runs nothing in a sandbox."""
+        if self._live is not None:
+            return self._live.runtime_choice(runtime)
+        if runtime is not None:
+            raise UsageError(
+                "--runtime does not apply to serve: it runs nothing in a sandbox "
+                "unless --load sessions --session-source live (accepted: no --runtime)"
+            )
+        return None
 
     def _search_spec(self) -> SearchSpec:
         v = self.values
@@ -244,6 +281,11 @@ class ServeBenchmark(BenchmarkBase):
                           f"lengths are approximate ({v['input_tokens']} tokens taken as "
                           f"{round(v['input_tokens'] / 1.3)} words)")  # fmt: skip
         self._ignore_eos = v["ignore_eos"] and await self._accepts_ignore_eos()
+        if self._live is not None:  # its image, its cache: once, before any level
+            handle.on_status(f"live: {self._live.id}")
+            await self._live.load(handle)
+            for line in self._live.bench.logs:  # its build and where its commands run
+                self._log(line.level, f"{self._live.id}: {line.message}")
         self._bodies = [self._body(p) for p in prompts]
         self._ideal = IdealPrefixCache(v["cache_block"])
         self._prefixes = [
@@ -427,7 +469,10 @@ class ServeBenchmark(BenchmarkBase):
             await prepare_turn(session, turn)(record).finish()
 
         started = time.perf_counter()
-        if spec.lanes is not None:
+        if spec.lanes is not None and self._live is not None:
+            drive = self._live_drive(spec.index)
+            records = await run_session_lanes(spec, drive, on_record, state, self._t0, early_stop)
+        elif spec.lanes is not None:
             assert self._sessions is not None
             records = await run_lanes(
                 spec, self._sessions, send_turn, on_record, state, self._t0, early_stop,
@@ -450,6 +495,8 @@ class ServeBenchmark(BenchmarkBase):
         metrics = summarize(records, percentiles=self.percentiles, slos=self.slos)
         if spec.lanes is not None:
             metrics.update(summarize_sessions(records, self.slos))
+        if self._live is not None:
+            metrics.update(summarize_live(self._outcomes.get(spec.index, [])))
         if handle.telemetry is not None:
             window = handle.telemetry.summary(started, time.perf_counter())
             metrics.update(with_server_rate(metrics, window))
@@ -472,6 +519,32 @@ class ServeBenchmark(BenchmarkBase):
         if state.stopped:
             self._log("warn", f"{spec.label} stopped early: {state.stopped}")
         return summary
+
+    def _live_drive(self, level: int) -> Callable[[int, Phase, Turns], Awaitable[None]]:
+        """One live session per call: a real rollout whose chat calls are this level's turns."""
+        assert self.handle is not None and self._client is not None and self._live is not None
+        handle, client, live = self.handle, self._client, self._live
+        model = handle.target.model if handle.target is not None else ""
+        outcomes = self._outcomes.setdefault(level, [])
+
+        async def send(body: dict[str, Any], record: RequestRecord) -> Completion | None:
+            words = message_words(body["messages"])
+            record.ideal_prompt_tokens = len(words)
+            record.ideal_cached_tokens = self._ideal.add(words)
+            return await client.send(client.prepare(body), record, self._t0, keep_text=True)
+
+        async def drive(_k: int, phase: Phase, turns: Turns) -> None:
+            index, session = live.new_session()
+            chat = LiveChat(session, turns, send, model, self._t0)
+            rollout = await live.run(index, chat, self._t0)
+            handle.artifacts.append_line(
+                SESSIONS_FILE, SessionRecord(level=level, phase=phase, session=session,
+                                             rollout=rollout),
+            )  # fmt: skip
+            if phase == "measure":
+                outcomes.append((rollout.reward, rollout.error is not None))
+
+        return drive
 
     def in_flight(self) -> int | None:
         """Requests in flight now: the load beside the server's telemetry (`telemetry.jsonl`)."""
@@ -582,14 +655,24 @@ class ServeBenchmark(BenchmarkBase):
             e2e_s=elapsed,
             metrics=metrics,
             # typed as the field is (dict is invariant)
-            samples={**samples(records, self.slos), **session_samples(records, self.slos)},
+            samples={
+                **samples(records, self.slos),
+                **session_samples(records, self.slos),
+                **live_samples(self._outcomes.get(head.index, [])),
+            },
         )
 
     def _final_logs(self, levels: list[LevelSummary]) -> None:
         v = self.values
         if any(lv.metrics.get("tokens_counted") for lv in levels):
             self._log("warn", "the server sent no usage: output tokens are counted chunks")
-        if self._ignore_eos and v["prompts"] == "synthetic" and v["max_tokens"] is not None:
+        live = self._live is not None  # the agent's own max_tokens; no ignore_eos sent
+        if (
+            self._ignore_eos
+            and v["prompts"] == "synthetic"
+            and v["max_tokens"] is not None
+            and not live
+        ):
             short = [
                 lv.label
                 for lv in levels
@@ -616,6 +699,8 @@ class ServeBenchmark(BenchmarkBase):
         self.log(message, level)
 
     async def teardown(self) -> None:
+        if self._live is not None:  # its sandboxes were stopped with their sessions
+            await self._live.close()
         if self._client is not None:
             client, self._client = self._client, None
             await client.__aexit__(None, None, None)

@@ -27,7 +27,7 @@ import orjson
 from metrale.benchmarks.serve.metrics import RequestRecord
 from metrale.endpoint.client import ClientOptions, Target
 from metrale.endpoint.http import ConnectionPool, Outgoing
-from metrale.endpoint.stream import CallFailed, StreamParser, exchange
+from metrale.endpoint.stream import CallFailed, Completion, StreamParser, exchange
 
 logger = logging.getLogger(__name__)
 
@@ -97,9 +97,12 @@ class StreamClient:
         record: RequestRecord,
         t0: float,
         out: Outgoing | None = None,
-    ) -> None:
+        keep_text: bool = False,
+    ) -> Completion | None:
         """Send one request (`out`: made ready and fired already) and fill `record`; failures
-        go in `record.error`, never raised."""
+        go in `record.error`, never raised. Returns what the response said (with its text and
+        tool calls when `keep_text`: a live session's agent reads them), or None when it
+        failed."""
         pool = self.pool
         if out is None:
             out = pool.outgoing(self.path, request.body)
@@ -107,7 +110,8 @@ class StreamClient:
         send = out.handed_at
         record.send_s = send - t0
         record.started_at = time.time() - (time.perf_counter() - send)
-        parser = StreamParser(keep_text=False, keep_times=True)
+        parser = StreamParser(keep_text=keep_text, keep_times=True)
+        done: Completion | None = None
         try:
             done = await exchange(
                 pool, self.path, request.body, send, parser,
@@ -119,6 +123,7 @@ class StreamClient:
         except Exception as exc:  # any other surprise is one failed request, not a failed run
             logger.debug("request %d failed in the client", record.index, exc_info=exc)
             record.error = f"client: {type(exc).__name__}: {exc}"
+            done = None
         else:
             record.status = done.status
             record.sent_s = record.send_s + done.sent_s
@@ -138,6 +143,7 @@ class StreamClient:
             if done.ttft_s is None:
                 record.error = "no_output: the response carried no output chunk"
         record.end_s = time.perf_counter() - t0
+        return done if record.error is None else None
 
 
 class Launch:

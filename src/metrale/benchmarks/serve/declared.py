@@ -24,7 +24,7 @@ from metrale.benchmarks.serve.metrics import (
     meets_slos,
     tpot,
 )
-from metrale.benchmarks.serve.session_metrics import SESSION_METRICS
+from metrale.benchmarks.serve.session_metrics import LIVE_METRICS, SESSION_METRICS
 from metrale.plugin import Metric
 from metrale.plugin.metrics import Stat
 
@@ -63,6 +63,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("error_rate", "fraction", "lower", stat="mean",
            doc="failed measured requests / measured requests"),
     *SESSION_METRICS,
+    *LIVE_METRICS,
     Metric("capacity", "load", "higher", stat="value",
            doc="--search: the largest load (lanes, concurrency or req/s) meeting the first SLO "
            "tier (capacity.<tier> for each)"),

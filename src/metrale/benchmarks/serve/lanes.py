@@ -9,17 +9,23 @@ warm-up, measured and cool-down bounds count *sessions*; a session's turns share
 level ends when every measured session has ended; cool-down sessions still running then are
 cancelled (their in-flight request recorded with error "cancelled"). A failed turn is data: the
 session goes on with its next turn (the messages are the recording's, not the reply's).
+
+What a lane does with a session is a `SessionDrive`: `scripted` sends a synthetic or recorded
+session's turns as described; the live source (`live`) runs a real agent whose every chat call
+comes through the same `Turns` recorder, its tool time real and measured, not slept.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import time
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
-from metrale.benchmarks.serve.load import Launch, LevelSpec, LevelState, Phases
-from metrale.benchmarks.serve.metrics import RequestRecord
+from metrale.benchmarks.serve.load import Launch, LevelSpec, LevelState, Phases, SendFn
+from metrale.benchmarks.serve.metrics import Phase, RequestRecord
 from metrale.benchmarks.serve.sessions import Session, SessionSource, Turn
 
 #: Sends one turn of a session and fills the record (errors in `record.error`, never raised).
@@ -29,6 +35,53 @@ TurnSend = Callable[[Session, Turn, RequestRecord], Awaitable[None]]
 TurnPrepare = Callable[[Session, Turn], Callable[[RequestRecord], Launch]]
 #: Says why a level should stop now (over-saturated, failed), or None; see `search`.
 EarlyStop = Callable[[LevelState], str | None]
+
+
+class Turns(Protocol):
+    """A lane's recorder of one session's turns: makes turn `turn`'s record (session id, turn
+    index from 1, ready time on the perf_counter clock, tool time before it), has `send` fill
+    it, counts it, and returns it (errors in `record.error`)."""
+
+    async def __call__(
+        self, session: str, turn: int, ready: float, tool_s: float, send: SendFn
+    ) -> RequestRecord: ...
+
+
+#: Runs session number k of the level (k counts sessions across lanes in start order) in its
+#: phase, each chat call through `Turns`.
+SessionDrive = Callable[[int, Phase, Turns], Awaitable[None]]
+
+
+def scripted(
+    source: SessionSource, send: TurnSend, t0: float, prepare: TurnPrepare | None = None
+) -> SessionDrive:
+    """A synthetic or recorded session: each turn `tool_s` after the previous one ended. With
+    `prepare`, a turn is made ready before its tool time is slept, and written as the lane
+    wakes: the lag is the loop's delay in waking it, not the turn's encoding."""
+
+    async def drive(k: int, phase: Phase, turns: Turns) -> None:
+        session = source.session(k)
+        ready = time.perf_counter()
+        for t, step in enumerate(session.turns):
+            ready += step.tool_s
+            made = prepare(session, step) if prepare is not None else None
+            delay = ready - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            one = functools.partial(send, session, step) if made is None else _fired(made)
+            record = await turns(session.id, t + 1, ready, step.tool_s, one)
+            ready = t0 + record.end_s if record.end_s is not None else time.perf_counter()
+
+    return drive
+
+
+def _fired(made: Callable[[RequestRecord], Launch]) -> SendFn:
+    async def one(record: RequestRecord) -> None:
+        launch = made(record)
+        launch.fire()
+        await launch.finish()
+
+    return one
 
 
 async def run_lanes(
@@ -41,9 +94,20 @@ async def run_lanes(
     early_stop: EarlyStop | None = None,
     prepare: TurnPrepare | None = None,
 ) -> list[RequestRecord]:
-    """Run one level of `spec.lanes` lanes to its end; return every measured record. With
-    `prepare`, a turn is made ready before its tool time is slept, and written as the lane
-    wakes: the lag is the loop's delay in waking it, not the turn's encoding."""
+    """Run one level of `spec.lanes` lanes of scripted sessions; return every measured record."""
+    drive = scripted(source, send, t0, prepare)
+    return await run_session_lanes(spec, drive, on_record, state, t0, early_stop)
+
+
+async def run_session_lanes(
+    spec: LevelSpec,
+    drive: SessionDrive,
+    on_record: Callable[[RequestRecord], None],
+    state: LevelState,
+    t0: float,
+    early_stop: EarlyStop | None = None,
+) -> list[RequestRecord]:
+    """Run one level of `spec.lanes` lanes to its end; return every measured record."""
     assert spec.lanes is not None
     n_lanes = spec.lanes
     start = time.perf_counter()
@@ -73,29 +137,18 @@ async def run_lanes(
             finished.set()
 
     async def turn(
-        session: Session,
-        t: int,
-        phase: str,
-        ready: float,
-        made: Callable[[RequestRecord], Launch] | None,
+        phase: Phase, session: str, t: int, ready: float, tool_s: float, send: SendFn
     ) -> RequestRecord:
-        step = session.turns[t]
         record = RequestRecord(
-            level=spec.index, index=state.sent, phase=phase,  # type: ignore[arg-type]
-            intended_s=ready - t0, ready_s=ready - t0, session=session.id, turn=t + 1,
-            tool_s=step.tool_s,
+            level=spec.index, index=state.sent, phase=phase, intended_s=ready - t0,
+            ready_s=ready - t0, session=session, turn=t, tool_s=tool_s,
         )  # fmt: skip
         state.sent += 1
         if phase == "measure":
             state.measured_sent += 1
         state.in_flight += 1
         try:
-            if made is None:
-                await send(session, step, record)
-            else:
-                launch = made(record)
-                launch.fire()
-                await launch.finish()
+            await send(record)
         except asyncio.CancelledError:
             record.error = record.error or "cancelled"
             record.end_s = time.perf_counter() - t0
@@ -113,17 +166,8 @@ async def run_lanes(
             phase = phases.next(time.perf_counter())
             if phase is None:
                 return
-            session = source.session(next(numbers))
             measured_left += phase == "measure"
-            ready = time.perf_counter()
-            for t, step in enumerate(session.turns):
-                ready += step.tool_s
-                made = prepare(session, step) if prepare is not None else None
-                delay = ready - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                record = await turn(session, t, phase, ready, made)
-                ready = t0 + record.end_s if record.end_s is not None else time.perf_counter()
+            await drive(next(numbers), phase, functools.partial(turn, phase))
             if phase == "measure":
                 measured_left -= 1
                 if measured_left == 0 and phases.phase == "cooldown":

@@ -150,7 +150,14 @@ def session_parameters() -> list[ParamSpec]:
                   help="measured sessions per level (load=sessions; warmup/cooldown count "
                   "sessions too)"),
         ParamSpec(name="session_source", type="str", default="synthetic",
-                  help="synthetic, a JSONL session file, or a run directory's transcripts"),
+                  help="synthetic, a JSONL session file, a run directory's transcripts, or "
+                  "live: real agents of --live-benchmark in real sandboxes (--runtime)"),
+        ParamSpec(name="live_benchmark", type="str", default="terminal_bench",
+                  help="session_source=live: the benchmark whose agent loop each session runs "
+                  "(terminal_bench, agentic_webserver)"),
+        ParamSpec(name="live_params", type="str", default="",
+                  help="session_source=live: that benchmark's parameters, KEY=VALUE[,...] "
+                  "(e.g. task=fix-git,max_turns=16)"),
         ParamSpec(name="turns", type="int", default=10, min=1, max=10_000,
                   help="turns per synthetic session"),
         ParamSpec(name="turn_tokens", type="int", default=200, min=1, max=1_000_000,

@@ -16,6 +16,11 @@ Every value here is a declared metric's statistic over the sample `session_sampl
   failure); `session_goodput` = the fraction of sessions whose every turn succeeded and met the
   per-request SLOs (`metrics.meets_slos`);
 
+- **live sessions** (`--session-source live`, `live.py`), over the measured sessions' rollouts:
+  `session_reward_mean` = mean of the task's reward over the sessions that have one (the
+  benchmark's own scoring, after an agent that ran under this load); `session_error_rate` =
+  sessions whose rollout ended in an error (typed as rollouts record them) / sessions.
+
 The cached prompt tokens the server reports, the ideal hit rate of the prompts sent and their
 ratio are serve's prefix-cache metrics (`metrics.prefix_rates`), fed by session turns too.
 """
@@ -84,6 +89,29 @@ SESSION_METRICS: tuple[Metric, ...] = (
     Metric("turns_per_session_mean", "turns", None, stat="mean",
            doc="mean requests per measured session"),
 )  # fmt: skip
+
+
+#: Numbers of the live source's sessions (`live.py`), from each measured session's rollout.
+LIVE_METRICS: tuple[Metric, ...] = (
+    Metric("session_reward_mean", "reward", "higher", stat="mean",
+           doc="live sessions: mean over measured sessions with a reward of the task's reward "
+           "(the benchmark's scoring of what the agent did under this load)"),
+    Metric("session_error_rate", "fraction", "lower", stat="mean",
+           doc="live sessions: measured sessions whose rollout ended in an error / sessions"),
+)  # fmt: skip
+
+
+def live_samples(outcomes: Sequence[tuple[float | None, bool]]) -> dict[str, list[Any]]:
+    """`LIVE_METRICS`' samples from the measured live sessions' (reward, errored) pairs."""
+    return {
+        "session_reward_mean": [r for r, _ in outcomes if r is not None],
+        "session_error_rate": [1.0 if errored else 0.0 for _, errored in outcomes],
+    }
+
+
+def summarize_live(outcomes: Sequence[tuple[float | None, bool]]) -> dict[str, float | None]:
+    samples = live_samples(outcomes)
+    return {m.name: compute(m.stat, samples[m.name]) for m in LIVE_METRICS}
 
 
 def _by_session(records: Sequence[RequestRecord]) -> dict[str, list[RequestRecord]]:

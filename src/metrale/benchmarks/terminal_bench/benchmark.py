@@ -103,6 +103,7 @@ class TerminalBenchBenchmark(RolloutBenchmark):
     runtime_reason: ClassVar[str] = once.RUNTIME_REASON
     keep_records: ClassVar[bool] = False
     extra_axes: ClassVar[tuple[str, ...]] = ("agent", "max_turns", "task")
+    agent_loop: ClassVar[bool] = True
 
     def __init__(self) -> None:
         super().__init__()
