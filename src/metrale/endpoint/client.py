@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import orjson
 from pydantic import BaseModel, Field
 
+from metrale.backoff import backoff_s
 from metrale.bounds import BYTES, COUNT, DELAY_S, TIMEOUT_S, pydantic_range
 from metrale.endpoint.http import ConnectionPool
 from metrale.endpoint.stream import CallFailed, Completion, StreamParser, exchange
@@ -212,8 +213,8 @@ class ChatClient:
         """Full jitter: uniform(0, min(max, base * 2**(attempt-1))), or the server's Retry-After."""
         if retry_after is not None:
             return min(retry_after, self.options.backoff_max_s)
-        cap = min(self.options.backoff_max_s, self.options.backoff_base_s * 2 ** (attempt - 1))
-        return self._rng.uniform(0, cap)
+        opts = self.options
+        return backoff_s(attempt, opts.backoff_base_s, opts.backoff_max_s, rng=self._rng)
 
     async def _attempt(self, payload: bytes, record_chunks: bool, cap: int | None) -> Completion:
         if self._pool is None:

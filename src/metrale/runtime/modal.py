@@ -25,7 +25,6 @@ import logging
 import math
 import os
 import posixpath
-import random
 import socket
 import time
 import uuid
@@ -34,6 +33,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr
 
+from metrale.backoff import backoff_s
 from metrale.bounds import COUNT, CPUS, MEMORY_MB, TIMEOUT_S, Bound, pydantic_range
 from metrale.errors import UsageError
 from metrale.runtime.base import (
@@ -237,8 +237,7 @@ class ModalRuntime(RuntimeBase):
             except ResourceExhaustedError as exc:
                 self._creating = None
                 self.start_retries += 1
-                wait = min(BACKOFF_S[1], BACKOFF_S[0] * 2 ** (self.start_retries - 1))
-                wait *= random.uniform(0.5, 1.0)
+                wait = backoff_s(self.start_retries, *BACKOFF_S, jitter=0.5)
                 if self.start_retries > cfg.create_retries or time.monotonic() + wait > deadline:
                     raise RuntimeStartError(
                         f"modal refused the sandbox {self.start_retries} times: {brief(exc)}"

@@ -30,7 +30,6 @@ import logging
 import math
 import os
 import posixpath
-import random
 import shlex
 import tempfile
 import time
@@ -40,6 +39,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr
 
+from metrale.backoff import backoff_s
 from metrale.bounds import COUNT, CPUS, MEMORY_MB, TIMEOUT_S, Bound, pydantic_range
 from metrale.errors import UsageError
 from metrale.runtime.base import (
@@ -268,7 +268,7 @@ class PrimeRuntime(RuntimeBase):
                 if "HTTP 429" not in str(exc):
                     raise RuntimeStartError(f"prime: creation failed: {exc}") from None
                 attempt += 1
-                wait = min(BACKOFF_MAX_S, 2.0**attempt) * random.uniform(0.5, 1.0)
+                wait = backoff_s(attempt + 1, 1.0, BACKOFF_MAX_S, jitter=0.5)
                 if time.monotonic() + wait > deadline:
                     raise RuntimeStartError(
                         f"prime: creations refused for {self.config.start_timeout:g} s: {exc}"
