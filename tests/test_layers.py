@@ -50,6 +50,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "metrale.datasets",
             "metrale.entry",
             "metrale.prefix",
+            "metrale.backoff",
             "metrale",  # the package itself: its version only
         ),
     ),

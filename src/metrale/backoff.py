@@ -18,6 +18,6 @@ def backoff_s(
     `most_s`, of which a random fraction up to `jitter` is taken off (1.0: "full jitter", any
     wait from 0 to the cap; 0.5: between half the cap and the cap), so that many clients
     refused at once do not come back at once."""
-    cap = min(most_s, first_s * 2 ** max(0, attempt - 1))
-    draw = (rng or random).random()
+    cap = min(most_s, first_s * 2.0 ** max(0, attempt - 1))
+    draw = rng.random() if rng is not None else random.random()
     return cap * (1.0 - jitter * draw)

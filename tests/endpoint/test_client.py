@@ -195,8 +195,8 @@ def test_backoff_caps_retry_after_and_doubles_from_the_base() -> None:
                         ClientOptions(backoff_base_s=1.0, backoff_max_s=5.0))  # fmt: skip
 
     class Top(random.Random):
-        def uniform(self, a: float, b: float) -> float:
-            return b  # the top of the jitter range: the cap itself
+        def random(self) -> float:
+            return 0.0  # no jitter taken off: the cap itself
 
     client._rng = Top()
     assert [client._backoff(n, None) for n in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 5.0]
