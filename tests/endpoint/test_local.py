@@ -126,7 +126,19 @@ def test_missing_extra_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> Non
         lambda name: None if name == local.MODEL_PACKAGE else real(name),
     )
     with pytest.raises(UsageError, match=r"pip install 'metrale\[local\]'.* or pass --target"):
-        local.embedded_model_path()
+        local.packaged_model_path()
+
+
+def test_the_served_model_is_the_build_scripts_iq4_nl_copy(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # scripts/test.sh ran the build script, so this venv holds the copy the server loads
+    assert local.embedded_model_path() == Path(sys.prefix) / local.SERVED_FILE
+    # a venv without it serves the shipped Q4_1, and the log says why that is slower
+    monkeypatch.setattr(local.sys, "prefix", str(tmp_path))
+    with caplog.at_level("WARNING", logger=local.__name__):
+        assert local.embedded_model_path() == local.packaged_model_path()
+    assert "IQ4_NL" in caplog.text and "no faster than single steps" in caplog.text
 
 
 def test_server_stops_on_exit_and_records_a_crash() -> None:

