@@ -104,7 +104,10 @@ def runtime_judge(sweep: Sweep, bench: Benchmark) -> Benchmark:
         if key not in seen:
             seen.add(key)
             each = type(bench)()
-            each.configure(raw)
+            try:
+                each.configure(raw)
+            except UsageError:  # said by `plan_sweep` in its order (an unknown name first)
+                return bench
             configured.append(each)
     takers = [b for b in configured if "runtime" in b.options]
     if not takers:
