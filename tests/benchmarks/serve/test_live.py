@@ -182,11 +182,11 @@ def test_a_dataset_as_live_lanes_runs_each_task_in_turn_and_scores_it(
         task = ["fix-git", "log-summary"][s["rollout"]["index"] % 2]
         assert s["task"] == task == s["rollout"]["metrics"]["task"], s
         assert s["rollout"]["reward"] == expect[task] and s["rollout"]["error"] is None, s
-    result = json.loads(done.stdout)["result"]
-    metrics = result["metrics"]
+    metrics = json.loads(done.stdout)["result"]["metrics"]
     assert metrics["session_reward_mean"] == 0.5 and metrics["session_error_rate"] == 0.0
+    logs = json.loads((out / "result.json").read_text())["result"]["logs"]
     by_task = "fix-git reward 1 over 4 sessions (0 errors), log-summary reward 0 over 4"
-    assert any(by_task in log["message"] for log in result["logs"]), result["logs"]
+    assert any(by_task in log["message"] for log in logs), logs
     assert list(temp.glob("metrale-bwrap-*")) == [] and (_cgroups() - before) == set()
 
 
