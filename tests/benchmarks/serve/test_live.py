@@ -149,7 +149,7 @@ def test_a_session_record_names_its_task_and_the_level_reads_reward_per_task() -
     assert SessionRecord.of(0, "measure", "s", rollout(0, None, 1.0)).task is None
     assert live_by_task([(1.0, False, "fix-git"), (1.0, False, "fix-git")]) is None  # one task
     text = live_by_task(
-        [(1.0, False, "fix-git"), (0.0, False, "log-summary"), (0.0, False, "fix-git"),
+        [(0.0, False, "log-summary"), (1.0, False, "fix-git"), (0.0, False, "fix-git"),
          (None, True, "log-summary")]
     )  # fmt: skip
     assert text == (

@@ -121,16 +121,16 @@ def summarize_live(outcomes: Sequence[Outcome]) -> dict[str, float | None]:
 
 
 def live_by_task(outcomes: Sequence[Outcome]) -> str | None:
-    """The reward per task of a level whose sessions ran more than one task (a dataset), in
-    the order the tasks first ended: `fix-git reward 1 over 2 sessions (0 errors), ...`; None
-    for one task (the level's `session_reward_mean` is its)."""
+    """The reward per task of a level whose sessions ran more than one task (a dataset), by
+    task name (the order sessions end in varies): `fix-git reward 1 over 2 sessions (0
+    errors), ...`; None for one task (the level's `session_reward_mean` is its)."""
     groups: dict[str, list[Outcome]] = {}
     for o in outcomes:
         groups.setdefault(o[2] or "?", []).append(o)
     if len(groups) < 2:
         return None
     parts = []
-    for task, rows in groups.items():
+    for task, rows in sorted(groups.items()):
         rewards = [o[0] for o in rows if o[0] is not None]
         mean = "-" if not rewards else f"{sum(rewards) / len(rewards):.3g}"
         errors = sum(1 for o in rows if o[1])
