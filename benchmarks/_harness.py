@@ -12,9 +12,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 @contextlib.contextmanager
 def sim(*flags: str) -> Iterator[str]:
-    """`metrale sim --port 0 FLAGS...` in its own process group; yields its base URL."""
+    """`metrale sim --port 0 FLAGS...` in its own process group; yields its base URL.
+
+    The simulator is in a session of its own (a Ctrl-C at the terminal reaches the script,
+    which stops it), so nothing but this `finally` stops it: while it runs, the script's
+    SIGTERM (by default a death that unwinds nothing) is turned into `SystemExit(143)`."""
+    before = signal.getsignal(signal.SIGTERM)
+    if before == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     proc = subprocess.Popen(
         [sys.executable, "-m", "metrale", "sim", "--port", "0", *flags],
         stdout=subprocess.PIPE, text=True, start_new_session=True,
@@ -27,6 +38,8 @@ def sim(*flags: str) -> Iterator[str]:
         proc.wait(timeout=10)
         if proc.stdout is not None:
             proc.stdout.close()
+        if before == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, before)
 
 
 def cpu_model() -> str:

@@ -6,7 +6,12 @@ import csv
 import io
 from pathlib import Path
 
+import pytest
+
+from metrale.errors import UsageError
 from metrale.matrix.cellfile import read_cells
+from metrale.matrix.execute import plan_sweep
+from metrale.matrix.sweep import Sweep
 from tests.conftest import run_cli, start_sim
 
 
@@ -57,3 +62,21 @@ def test_serve_refuses_what_it_does_not_use(tmp_path: Path) -> None:
         assert "Traceback" not in done.stderr and not (tmp_path / "mx").exists()
     done = run_cli(["run", "serve", "--runtime", "bwrap", "--target", "http://127.0.0.1:9/v1"])
     assert done.returncode == 2 and "serve" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_live_serve_sweep_takes_the_runtime_axis(tmp_path: Path) -> None:
+    """serve takes a runtime only as configured (its live sessions' sandboxes): the sweep's
+    runtime axis is judged on the cells' configuration, not refused on the bare benchmark."""
+    live: dict[str, list[object]] = {
+        "load": ["sessions"], "session_source": ["live"],
+        "live_benchmark": ["agentic_webserver"], "lanes": [1, 2],
+    }  # fmt: skip
+    sweep = Sweep("serve", tmp_path, ["bwrap"], [None], [None], params=live, runtime_given=True)
+    plan = plan_sweep(sweep)
+    runtime = plan.runtimes["bwrap"]
+    assert runtime is not None and runtime.type == "bwrap"
+    assert [(c.runtime, c.params["lanes"]) for c in plan.cells] == [("bwrap", 1), ("bwrap", 2)]
+    bare = Sweep("serve", tmp_path, ["bwrap"], [None], [None], params={"concurrency": [1, 2]},
+                 runtime_given=True)  # fmt: skip
+    with pytest.raises(UsageError, match="takes no --runtime"):
+        plan_sweep(bare)

@@ -72,7 +72,7 @@ def add_parser(sub: Any, bench: type[Benchmark] | None = None) -> None:
 def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
     from metrale.errors import EXIT_RUN_FAILED
     from metrale.matrix import plan_sweep, run_sweep
-    from metrale.matrix.execute import cell_params
+    from metrale.matrix.execute import cell_params, runtime_judge
     from metrale.matrix.sweep import build_sweep, select, split_list
     from metrale.plugin import get_benchmark
 
@@ -93,7 +93,8 @@ def handle(args: argparse.Namespace, extra: Sequence[str]) -> int:
         params=[], param_values=values, tiers=args.tier, target=args.target, model=args.model,
         out=args.out,
     )  # fmt: skip
-    bench = get_benchmark(sweep.benchmark)()
+    # serve takes --runtime only as configured (live sessions): judged on the cells' instance
+    bench = runtime_judge(sweep, get_benchmark(sweep.benchmark)())
     refuse_unused(bench, args)  # the target flags: judged below, per cell
     _apply_runtime_flags(sweep, bench, args)
     plan = plan_sweep(sweep)

@@ -74,7 +74,7 @@ def plan_sweep(sweep: Sweep) -> SweepPlan:
             )
     if sweep.rollouts == [None] and "rollouts" in specs:
         sweep.rollouts = [specs["rollouts"].default]
-    runtimes = _plan_runtimes(sweep, bench)
+    runtimes = _plan_runtimes(sweep, runtime_judge(sweep, bench))
     unused = set(sweep.runtime_options) - set(sweep.runtimes)
     if unused:
         raise UsageError(f"runtime_options.{sorted(unused)[0]} names a runtime not in the sweep")
@@ -87,6 +87,38 @@ def plan_sweep(sweep: Sweep) -> SweepPlan:
             seen.add(key)
             bench_cls().configure(raw)
     return SweepPlan(sweep=sweep, cells=cells, runtimes=runtimes)
+
+
+def runtime_judge(sweep: Sweep, bench: Benchmark) -> Benchmark:
+    """The instance whose `options` and `runtime_choice` judge the runtime axis: the benchmark
+    as declared, or, when only its configuration takes a runtime (serve with live sessions:
+    its agents' sandboxes), the cells' configured benchmark. Every cell then must take one,
+    so that the runtime axis means the same in each."""
+    if "runtime" in bench.options:
+        return bench
+    seen: set[str] = set()
+    configured: list[Benchmark] = []
+    for cell in sweep.cells():
+        raw = cell_params(cell)
+        key = repr(sorted(raw.items(), key=lambda kv: kv[0]))
+        if key not in seen:
+            seen.add(key)
+            each = type(bench)()
+            try:
+                each.configure(raw)
+            except UsageError:  # said by `plan_sweep` in its order (an unknown name first)
+                return bench
+            configured.append(each)
+    takers = [b for b in configured if "runtime" in b.options]
+    if not takers:
+        return bench
+    if len(takers) < len(configured):
+        raise UsageError(
+            f"{sweep.benchmark} takes a runtime in only some of the sweep's cells; accepted: "
+            "one sweep of the cells that take one (serve: --session-source live) and another "
+            "of the rest"
+        )
+    return takers[0]
 
 
 def _plan_runtimes(sweep: Sweep, bench: Benchmark) -> dict[str, RuntimeConfig | None]:

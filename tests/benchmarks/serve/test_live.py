@@ -18,6 +18,10 @@ from typing import Any
 import pytest
 
 from metrale.benchmarks.agentic_webserver.warm import WarmCache
+from metrale.benchmarks.serve.live import LiveSource, SessionRecord, parse_live_params
+from metrale.benchmarks.serve.session_metrics import live_by_task
+from metrale.benchmarks.terminal_bench.benchmark import TerminalBenchBenchmark
+from metrale.rollout import RolloutRecord
 from tests.benchmarks.agentic_webserver.conftest import warm_cargo  # noqa: F401 (a fixture)
 from tests.conftest import run_cli, start_sim
 from tests.faults.helpers import count_lines, lines, spawn, stop, wait_for
@@ -28,6 +32,8 @@ REPLAY = str(
     .joinpath("replays")
     .joinpath("fix-git.jsonl")
 )
+#: the shipped tasks as one dataset (each subdirectory a task)
+SHIPPED = str(resources.files("metrale.benchmarks.terminal_bench").joinpath("tasks"))
 PIDS = Path("/sys/fs/cgroup/pids")
 need_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap is not installed")
 
@@ -111,6 +117,76 @@ def test_fix_git_as_8_live_lanes_reports_per_turn_ttft_and_the_reward(
     assert metrics["session_tool_s_mean"] > 0
     report = run_cli(["report", str(out), "--json"], timeout=120)  # as serve.md shows it
     assert report.returncode == 0, report.stderr
+    assert list(temp.glob("metrale-bwrap-*")) == [] and (_cgroups() - before) == set()
+
+
+def test_live_params_read_a_list_parameter_as_the_benchmark_flag_does() -> None:
+    got = parse_live_params("task=/d, tasks=fix-git,log-summary ,max-turns=12")
+    assert got == {"task": "/d", "tasks": "fix-git,log-summary", "max_turns": "12"}
+
+
+def test_a_dataset_as_the_live_source_runs_its_tasks_in_turn() -> None:
+    source = LiveSource("terminal_bench", f"task={SHIPPED},tasks=log-summary,fix-git")
+    bench = source.bench
+    assert isinstance(bench, TerminalBenchBenchmark)
+    # session k runs task k mod n, in the order chosen; not the last task past the first n
+    names = [bench.run_of(source.new_session()[0]).task.name for _ in range(5)]
+    assert names == ["log-summary", "fix-git", "log-summary", "fix-git", "log-summary"]
+    whole = LiveSource("terminal_bench", f"task={SHIPPED},task_filter=fix-*")
+    assert isinstance(whole.bench, TerminalBenchBenchmark)
+    cycle = [whole.bench.run_of(k).task.name for k in range(3)]
+    assert cycle == ["fix-git", "fix-money", "fix-git"]
+
+
+def test_a_session_record_names_its_task_and_the_level_reads_reward_per_task() -> None:
+    def rollout(index: int, task: str | None, reward: float | None) -> RolloutRecord:
+        metrics: dict[str, Any] = {} if task is None else {"task": task}
+        return RolloutRecord(id=f"r-{index}", benchmark="terminal_bench", index=index,
+                             started_at=0.0, reward=reward, metrics=metrics)  # fmt: skip
+
+    line = SessionRecord.of(0, "measure", "terminal_bench-3", rollout(3, "fix-git", 1.0))
+    assert line.task == "fix-git" and line.rollout.index == 3
+    assert SessionRecord.of(0, "measure", "s", rollout(0, None, 1.0)).task is None
+    assert live_by_task([(1.0, False, "fix-git"), (1.0, False, "fix-git")]) is None  # one task
+    text = live_by_task(
+        [(0.0, False, "log-summary"), (1.0, False, "fix-git"), (0.0, False, "fix-git"),
+         (None, True, "log-summary")]
+    )  # fmt: skip
+    assert text == (
+        "live sessions by task: fix-git reward 0.5 over 2 sessions (0 errors), "
+        "log-summary reward 0 over 2 sessions (1 errors)"
+    )
+
+
+@need_bwrap
+def test_a_dataset_as_live_lanes_runs_each_task_in_turn_and_scores_it(
+    tmp_path: Path, temp: Path
+) -> None:
+    """fix-git and log-summary x 4 sessions each against fix-git's replay: a fix-git session
+    solves it (reward 1); a log-summary session runs fix-git's commands, writes no report and
+    scores 0 (its own verifier); each session names its task."""
+    require_engine()  # the tasks' images are built (or reused) for their roots
+    before = _cgroups()
+    out = tmp_path / "run"
+    args = live_args("", out)
+    args[args.index("task=fix-git")] = f"task={SHIPPED},tasks=fix-git,log-summary"
+    args[args.index("--lanes") + 1], args[args.index("--sessions") + 1] = "4", "8"
+    with start_sim("--replay", REPLAY) as sim:
+        args[args.index("--target") + 1] = sim.url
+        done = run_cli(args, timeout=900, env={**os.environ, "TMPDIR": str(temp)})
+    assert done.returncode == 0, done.stderr
+    sessions = sorted(lines(out / "sessions.jsonl"), key=lambda s: s["rollout"]["index"])
+    assert [s["rollout"]["index"] for s in sessions] == list(range(8))
+    expect = {"fix-git": 1.0, "log-summary": 0.0}
+    for s in sessions:
+        task = ["fix-git", "log-summary"][s["rollout"]["index"] % 2]
+        assert s["task"] == task == s["rollout"]["metrics"]["task"], s
+        assert s["rollout"]["reward"] == expect[task] and s["rollout"]["error"] is None, s
+    metrics = json.loads(done.stdout)["result"]["metrics"]
+    assert metrics["session_reward_mean"] == 0.5 and metrics["session_error_rate"] == 0.0
+    logs = json.loads((out / "result.json").read_text())["result"]["logs"]
+    by_task = "fix-git reward 1 over 4 sessions (0 errors), log-summary reward 0 over 4"
+    assert any(by_task in log["message"] for log in logs), logs
     assert list(temp.glob("metrale-bwrap-*")) == [] and (_cgroups() - before) == set()
 
 

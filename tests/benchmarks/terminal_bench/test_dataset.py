@@ -174,6 +174,9 @@ def test_a_dataset_run_is_tasks_x_attempts_and_each_index_names_its_task(tmp_pat
     assert (values["rollouts"], values["attempts"]) == (9, 3)  # 3 runnable tasks x 3
     names = [bench.run_of(i).task.name for i in range(9)]
     assert names == ["build-fails"] * 3 + ["sums-right"] * 3 + ["sums-wrong"] * 3
+    # past the run's count (serve's live sessions run as many as they like): the tasks in turn
+    assert [bench.run_of(i).task.name for i in range(9, 12)] == ["build-fails"] * 3
+    assert bench.run_of(12).task.name == "sums-right"
     with pytest.raises(UsageError, match="--rollouts 5: a dataset runs tasks x attempts"):
         TerminalBenchBenchmark().configure({"task": str(data), "rollouts": 5})
     one = TerminalBenchBenchmark()

@@ -57,7 +57,9 @@ from metrale.benchmarks.serve.search import (
     parse_search,
 )
 from metrale.benchmarks.serve.session_metrics import (
+    Outcome,
     by_turn,
+    live_by_task,
     live_samples,
     session_samples,
     summarize_live,
@@ -139,8 +141,8 @@ class ServeBenchmark(BenchmarkBase):
         self._file_prompts: list[Prompt] | None = None
         self._sessions: SessionSource | None = None
         self._live: LiveSource | None = None
-        #: each level's measured live sessions: (reward, ended in an error)
-        self._outcomes: dict[int, list[tuple[float | None, bool]]] = {}
+        #: each level's measured live sessions: (reward, ended in an error, task)
+        self._outcomes: dict[int, list[Outcome]] = {}
         self.tiers: list[Tier] = []
         self._search: SearchSpec | None = None
         self._trace: list[TraceRequest] | None = None
@@ -497,6 +499,9 @@ class ServeBenchmark(BenchmarkBase):
             metrics.update(summarize_sessions(records, self.slos))
         if self._live is not None:
             metrics.update(summarize_live(self._outcomes.get(spec.index, [])))
+            per_task = live_by_task(self._outcomes.get(spec.index, []))
+            if per_task is not None:  # a dataset's tasks, each its own reward
+                self._log("info", f"{spec.label}: {per_task}")
         if handle.telemetry is not None:
             window = handle.telemetry.summary(started, time.perf_counter())
             metrics.update(with_server_rate(metrics, window))
@@ -537,12 +542,10 @@ class ServeBenchmark(BenchmarkBase):
             index, session = live.new_session()
             chat = LiveChat(session, turns, send, model, self._t0)
             rollout = await live.run(index, chat, self._t0)
-            handle.artifacts.append_line(
-                SESSIONS_FILE, SessionRecord(level=level, phase=phase, session=session,
-                                             rollout=rollout),
-            )  # fmt: skip
+            line = SessionRecord.of(level, phase, session, rollout)
+            handle.artifacts.append_line(SESSIONS_FILE, line)
             if phase == "measure":
-                outcomes.append((rollout.reward, rollout.error is not None))
+                outcomes.append((rollout.reward, rollout.error is not None, line.task))
 
         return drive
 

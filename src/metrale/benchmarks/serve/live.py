@@ -18,9 +18,12 @@ start: the session record's setup stage). A failed call reaches the loop as the
 `EndpointError` the chat client would raise: the agent ends (`exit_status` endpoint_error) and
 the rollout is scored as it stands.
 
-A session ends as a `SessionRecord` line in `sessions.jsonl`: its level, phase, id and the
-rollout's own record (stages, reward, turns, metrics, typed error); the measured ones give
-`session_reward_mean` and `session_error_rate` (`session_metrics.LIVE_METRICS`). Its
+A session ends as a `SessionRecord` line in `sessions.jsonl`: its level, phase, id, task and
+the rollout's own record (stages, reward, turns, metrics, typed error); the measured ones give
+`session_reward_mean` and `session_error_rate` (`session_metrics.LIVE_METRICS`), and a level
+whose sessions ran several tasks logs the reward per task (`session_metrics.live_by_task`).
+Which task session k runs is the driven benchmark's choice for rollout k (terminal_bench's
+dataset: task k mod n, its images built once per environment in `load`). Its
 transcript is the benchmark's own (`transcripts/<rollout index>.jsonl`), the rollout index
 numbering the run's sessions from 0 across levels.
 """
@@ -58,18 +61,33 @@ class SessionRecord(BaseModel):
     level: int
     phase: Phase
     session: str
+    #: the task the session ran, as its benchmark names it (`rollout.metrics.task`; None when
+    #: the benchmark names none): a dataset's sessions run its tasks in turn
+    task: str | None = None
     rollout: RolloutRecord
+
+    @classmethod
+    def of(cls, level: int, phase: Phase, session: str, rollout: RolloutRecord) -> SessionRecord:
+        task = rollout.metrics.get("task")
+        return cls(level=level, phase=phase, session=session, rollout=rollout,
+                   task=task if isinstance(task, str) else None)  # fmt: skip
 
 
 def parse_live_params(text: str) -> dict[str, str]:
-    """`KEY=VALUE[,KEY=VALUE...]` -> parameters of the driven benchmark."""
+    """`KEY=VALUE[,KEY=VALUE...]` -> parameters of the driven benchmark. A part with no `=`
+    after a KEY=VALUE continues that value, so that a list parameter reads as the benchmark's
+    own flag does: `tasks=fix-git,log-summary`."""
     out: dict[str, str] = {}
+    last: str | None = None
     for raw in text.split(","):
         part = raw.strip()
         if not part:
             continue
         key, eq, value = part.partition("=")
         key = key.strip().replace("-", "_")
+        if not eq and last is not None:
+            out[last] += "," + part
+            continue
         if not eq or not key:
             raise UsageError(
                 f"live_params {part!r} is not KEY=VALUE; accepted: the driven benchmark's "
@@ -81,6 +99,7 @@ def parse_live_params(text: str) -> dict[str, str]:
                 "accepted: the benchmark's other parameters"
             )
         out[key] = value.strip()
+        last = key
     return out
 
 

@@ -19,7 +19,9 @@ Every value here is a declared metric's statistic over the sample `session_sampl
 - **live sessions** (`--session-source live`, `live.py`), over the measured sessions' rollouts:
   `session_reward_mean` = mean of the task's reward over the sessions that have one (the
   benchmark's own scoring, after an agent that ran under this load); `session_error_rate` =
-  sessions whose rollout ended in an error (typed as rollouts record them) / sessions.
+  sessions whose rollout ended in an error (typed as rollouts record them) / sessions. A level
+  whose sessions ran more than one task (a dataset) also gets the reward per task as a log
+  line (`live_by_task`): task names are data, not declared metrics.
 
 The cached prompt tokens the server reports, the ideal hit rate of the prompts sent and their
 ratio are serve's prefix-cache metrics (`metrics.prefix_rates`), fed by session turns too.
@@ -101,17 +103,39 @@ LIVE_METRICS: tuple[Metric, ...] = (
 )  # fmt: skip
 
 
-def live_samples(outcomes: Sequence[tuple[float | None, bool]]) -> dict[str, list[Any]]:
-    """`LIVE_METRICS`' samples from the measured live sessions' (reward, errored) pairs."""
+#: A measured live session's outcome: (reward, ended in an error, its task or None).
+Outcome = tuple[float | None, bool, str | None]
+
+
+def live_samples(outcomes: Sequence[Outcome]) -> dict[str, list[Any]]:
+    """`LIVE_METRICS`' samples from the measured live sessions' outcomes."""
     return {
-        "session_reward_mean": [r for r, _ in outcomes if r is not None],
-        "session_error_rate": [1.0 if errored else 0.0 for _, errored in outcomes],
+        "session_reward_mean": [o[0] for o in outcomes if o[0] is not None],
+        "session_error_rate": [1.0 if o[1] else 0.0 for o in outcomes],
     }
 
 
-def summarize_live(outcomes: Sequence[tuple[float | None, bool]]) -> dict[str, float | None]:
+def summarize_live(outcomes: Sequence[Outcome]) -> dict[str, float | None]:
     samples = live_samples(outcomes)
     return {m.name: compute(m.stat, samples[m.name]) for m in LIVE_METRICS}
+
+
+def live_by_task(outcomes: Sequence[Outcome]) -> str | None:
+    """The reward per task of a level whose sessions ran more than one task (a dataset), by
+    task name (the order sessions end in varies): `fix-git reward 1 over 2 sessions (0
+    errors), ...`; None for one task (the level's `session_reward_mean` is its)."""
+    groups: dict[str, list[Outcome]] = {}
+    for o in outcomes:
+        groups.setdefault(o[2] or "?", []).append(o)
+    if len(groups) < 2:
+        return None
+    parts = []
+    for task, rows in sorted(groups.items()):
+        rewards = [o[0] for o in rows if o[0] is not None]
+        mean = "-" if not rewards else f"{sum(rewards) / len(rewards):.3g}"
+        errors = sum(1 for o in rows if o[1])
+        parts.append(f"{task} reward {mean} over {len(rows)} sessions ({errors} errors)")
+    return "live sessions by task: " + ", ".join(parts)
 
 
 def _by_session(records: Sequence[RequestRecord]) -> dict[str, list[RequestRecord]]:

@@ -2,7 +2,9 @@
 (a dataset, `dataset.py`), in a fresh container per rollout, scored by the task's own tests.
 
 A run is tasks x attempts rollouts: rollout `i` is attempt `i % attempts` of task
-`i // attempts`, and its record names both (`metrics.task`, `metrics.attempt`). The summary
+`(i // attempts) mod tasks`, and its record names both (`metrics.task`, `metrics.attempt`). The
+mod matters to a caller that runs rollouts past the run's count (serve's live sessions: session
+`k` runs task `k mod tasks`, in the dataset's order). The summary
 keeps a `TaskSummary` per task (`RunSummary.per_task`: attempts, reward, pass@1, pass@k,
 errors by type, stage p50s, or why the task was skipped) and the dataset's numbers (pass@1,
 pass@k, tasks solved) among its metrics.
@@ -151,7 +153,7 @@ class TerminalBenchBenchmark(RolloutBenchmark):
         )
 
     def run_of(self, index: int) -> TaskRun:
-        return self.runs[min(index // self.attempts, len(self.runs) - 1)]
+        return self.runs[(index // self.attempts) % len(self.runs)]
 
     def needs_model(self) -> bool:
         agent: str = self.values.get("agent", "model")

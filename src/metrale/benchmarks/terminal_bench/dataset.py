@@ -4,7 +4,7 @@
 hidden) is a task, narrowed by `tasks=a,b` (names, each must exist) and `task_filter=GLOB`
 (`fnmatch` on the name). A directory holding any of `TASK_MARKERS` is one task, so that a
 task missing its task.toml says so. Rollout `i` is attempt `i % attempts` of task
-`i // attempts`.
+`(i // attempts) mod tasks`.
 
 A task that cannot run is skipped, not fatal: its directory is not a readable task (no
 task.toml, a bad field: the reader's one line), or it asks for what no runtime here gives
