@@ -114,6 +114,36 @@ class EndpointError(Exception):
         return self.call.retries if self.call else 0
 
 
+def chat_body(
+    model: str,
+    messages: Sequence[dict[str, Any]],
+    *,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    seed: int | None = None,
+    tools: Sequence[dict[str, Any]] | None = None,
+    stream: bool = False,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A chat completion's request body: only the fields given, `extra` last (it may override
+    any of them)."""
+    body: dict[str, Any] = {"model": model, "messages": list(messages)}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    if temperature is not None:
+        body["temperature"] = temperature
+    if seed is not None:
+        body["seed"] = seed
+    if tools:
+        body["tools"] = list(tools)
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    if extra:
+        body.update(extra)
+    return body
+
+
 class ChatModel(Protocol):
     """What a rollout's stages call for a model: `ChatClient`, or a caller's own measuring
     client with the same `chat` (serve's live sessions: each call one turn of a session)."""
@@ -166,20 +196,10 @@ class ChatClient:
         record_chunks: bool = False,
     ) -> CallRecord:
         """Send one chat completion; retry what is retryable; raise `EndpointError` at the end."""
-        body: dict[str, Any] = {"model": self.target.model, "messages": list(messages)}
-        if max_tokens is not None:
-            body["max_tokens"] = max_tokens
-        if temperature is not None:
-            body["temperature"] = temperature
-        if seed is not None:
-            body["seed"] = seed
-        if tools:
-            body["tools"] = list(tools)
-        if self.options.stream:
-            body["stream"] = True
-            body["stream_options"] = {"include_usage": True}
-        if extra:
-            body.update(extra)
+        body = chat_body(
+            self.target.model, messages, max_tokens=max_tokens, temperature=temperature,
+            seed=seed, tools=tools, stream=self.options.stream, extra=extra,
+        )  # fmt: skip
         payload = orjson.dumps(body)
         cap = self.options.response_cap(max_tokens)
         started_at = time.time()

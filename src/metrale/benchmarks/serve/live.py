@@ -40,7 +40,7 @@ from pydantic import BaseModel
 
 from metrale.benchmarks.serve.lanes import Turns
 from metrale.benchmarks.serve.metrics import Phase, RequestRecord
-from metrale.endpoint.client import CallRecord, EndpointError
+from metrale.endpoint.client import CallRecord, EndpointError, chat_body
 from metrale.endpoint.stream import Completion
 from metrale.errors import UsageError
 from metrale.plugin import PluginHandle, benchmark_ids, canonical_id, get_benchmark
@@ -136,16 +136,10 @@ class LiveChat:
         ready = time.perf_counter()
         tool_s = 0.0 if self.last_end is None else max(ready - self.last_end, 0.0)
         self.turn += 1
-        body: dict[str, Any] = {"model": self.model, "messages": list(messages)}
-        if max_tokens is not None:
-            body["max_tokens"] = max_tokens
-        if temperature is not None:
-            body["temperature"] = temperature
-        if seed is not None:
-            body["seed"] = seed
-        if tools:
-            body["tools"] = list(tools)
-        body.update(extra or {})
+        body = chat_body(
+            self.model, messages, max_tokens=max_tokens, temperature=temperature, seed=seed,
+            tools=tools, extra=extra,
+        )  # fmt: skip
         answers: list[Completion | None] = []
 
         async def one(record: RequestRecord) -> None:
