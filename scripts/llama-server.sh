@@ -10,7 +10,7 @@
 # embedded model under load"). IQ4_NL is the same size and keeps the model's quality better than
 # Q4_0 (its 16 levels are spaced for weight distributions, not evenly).
 #
-# Only the server target is built, with portable CPU flags: llama.cpp's native build can use
+# Only those two targets are built, with portable CPU flags: llama.cpp's native build can use
 # instructions that virtual machines advertise but do not enable, and the server then dies on
 # its first request. The binary is cached under a directory keyed by the version and the flags,
 # so a second setup (or a fresh venv on the same machine) copies it in a second; delete the
