@@ -317,3 +317,91 @@ def test_fired_requests_are_written_at_once_and_answered_on_complete() -> None:
             resp.release()
 
     run(go())
+
+
+def test_primed_connections_carry_one_get_each_then_the_fired_requests() -> None:
+    """`open(n, prime=...)`: each new connection carries one GET of the prime path, read whole,
+    before it is idle; the requests fired after go once each, one a connection, none lost."""
+    seen: list[list[bytes]] = []
+
+    async def handler(reader, writer):
+        mine: list[bytes] = []
+        seen.append(mine)
+        while True:
+            head, body = await read_request(reader)
+            mine.append(head.split(b" ", 2)[0] + b" " + head.split(b" ", 2)[1] + b" " + body)
+            answer = b'{"data":[]}' if head.startswith(b"GET") else body
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(answer), answer))
+            await writer.drain()
+
+    async def go():
+        async with pool_for(handler, "/v1") as (pool, conns):
+            assert await pool.open(3, prime="/models") == 3
+            assert len(conns) == 3 and len(pool._idle) == 3
+            outs = [pool.outgoing("/chat/completions", b"r%d" % i) for i in range(3)]
+            for out in outs:
+                pool.fire(out)
+            assert all(out.conn is not None and out.written == len(out.message) for out in outs)
+            for i, out in enumerate(outs):
+                resp = await pool.complete(out)
+                assert await resp.read() == b"r%d" % i
+                resp.release()
+            assert len(conns) == 3  # no connect after the prime
+
+    run(go())
+    assert sorted(seen) == [
+        [b"GET /v1/models ", b"POST /v1/chat/completions r%d" % i] for i in range(3)
+    ]
+
+
+def test_a_failed_prime_leaves_a_fresh_connection() -> None:
+    """A server that closes after the prime's answer (or answers it broken) costs nothing but
+    the prime: the connection is replaced by a fresh one, which then carries the request."""
+    posts: list[bytes] = []
+
+    async def handler(reader, writer):
+        head, body = await read_request(reader)
+        if head.startswith(b"GET"):
+            closing = b"HTTP/1.1 404 Not Found\r\nConnection: close\r\n"
+            writer.write(closing + b"Content-Length: 0\r\n\r\n")
+            await writer.drain()
+            return
+        posts.append(body)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await reader.read()  # keep it open until the client closes it
+
+    async def go():
+        async with pool_for(handler, "/v1") as (pool, conns):
+            assert await pool.open(2, prime="/models") == 2
+            assert len(conns) == 4  # two primed and closed, two fresh
+            out = pool.outgoing("/chat/completions", b"x")
+            pool.fire(out)
+            assert out.conn is not None
+            resp = await pool.complete(out)
+            assert await resp.read() == b"ok"
+            resp.release()
+
+    run(go())
+    assert posts == [b"x"]
+
+
+def test_a_prime_that_gets_no_answer_is_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that never answers the prime does not hold `open` past the prime's deadline."""
+    from metrale.endpoint import http
+
+    monkeypatch.setattr(http, "PRIME_TIMEOUT_S", 0.05)
+    primes: list[bytes] = []
+
+    async def handler(reader, writer):
+        head, _ = await read_request(reader)
+        primes.append(head.split(b" ", 1)[0])
+        await reader.read()  # no answer, ever
+
+    async def go():
+        async with pool_for(handler) as (pool, conns):
+            assert await pool.open(1, prime="/models") == 1
+            assert len(conns) == 2 and len(pool._idle) == 1
+
+    run(go())
+    assert primes == [b"GET"]
