@@ -52,9 +52,7 @@ async def wave(url: str, streams: int) -> dict[str, float]:
     spec = LevelSpec(index=0, label="wave", concurrency=streams, measure=Bound(count=streams))
     records: list[Any] = []
     async with StreamClient(Target(base_url=url, model="stub")) as client:
-        # as serve opens a level's connections (primed, where the tree does that)
-        open_ahead = getattr(client, "open_ahead", client.pool.open)
-        opened = await open_ahead(streams)
+        opened = await client.pool.open(streams)
         if opened != streams:
             raise SystemExit(f"opened {opened} of {streams} connections")
         messages = [{"role": "user", "content": "Say something."}]

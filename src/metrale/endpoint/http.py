@@ -39,10 +39,6 @@ from metrale.endpoint.framing import (
 )
 from metrale.endpoint.wire import Address, Wire, open_wire, resolve
 
-#: `ConnectionPool.open`'s priming GET: its deadline and the most of its body read.
-PRIME_TIMEOUT_S = 10.0
-PRIME_MAX_BYTES = 1 << 20
-
 __all__ = ["ConnectionPool", "HttpConnectionError", "HttpProtocolError", "Outgoing", "Response"]
 
 
@@ -167,15 +163,10 @@ class Response:
             return "(body unreadable)"
         return body[:keep].decode(errors="replace").replace("\n", " ")
 
-    @property
-    def reusable(self) -> bool:
-        """The body was read whole and the connection may carry another request."""
-        done = self._done and self._conn.reusable and self._framing is not None
-        return done and self.headers.get("connection", "").lower() != "close"
-
     def release(self) -> None:
         """Give the connection back when the body was read whole, else close it."""
-        if self.reusable:
+        reusable = self._done and self._conn.reusable and self._framing is not None
+        if reusable and self.headers.get("connection", "").lower() != "close":
             self._pool.put(self._conn)
         else:
             self._conn.close()
@@ -334,43 +325,18 @@ class ConnectionPool:
             ) from None
         return _Connection(wire, connect_s=time.perf_counter() - started)
 
-    async def open(self, count: int, prime: str | None = None) -> int:
+    async def open(self, count: int) -> int:
         """Open up to `count` idle connections ahead of the requests that will use them (a
-        warm-up), so that no measured request pays a connect; the number opened.
-
-        With `prime` (a path under the base, `/models`), each new connection first carries one
-        GET of it, read whole: a connection that has carried an exchange is the kind a running
-        client writes on. On loopback it matters to the client's own time: the client's write
-        runs the server's receive path in the client's thread, and a server's socket that has
-        received nothing yet acknowledges each of its first segments at once (Linux's quick-ack
-        start), in that same thread; once it has answered a request it lets the answer carry
-        the acknowledgement. A wave of 1,000 first requests costs ~20% less of the client's CPU
-        that way (docs/measurements.md, "serve at 1,000 streams"). A connection whose GET fails,
-        or that the server will not keep, is replaced by a fresh one, not primed."""
+        warm-up), so that no measured request pays a connect; the number opened."""
         missing = max(count - len(self._idle), 0)
         opened = await asyncio.gather(
-            *(self._open_one(prime) for _ in range(missing)), return_exceptions=True
+            *(self._connect() for _ in range(missing)), return_exceptions=True
         )
         for conn in opened:
             if isinstance(conn, _Connection):
                 conn.connect_s = None  # paid before the measured phase, by no request
                 self._idle.append(conn)
         return sum(isinstance(c, _Connection) for c in opened)
-
-    async def _open_one(self, prime: str | None) -> _Connection:
-        conn = await self._connect()
-        if prime is None:
-            return conn
-        try:
-            async with asyncio.timeout(PRIME_TIMEOUT_S):
-                resp = await self._exchange(conn, self._message("GET", prime, None, None, True))
-                await resp.read(PRIME_MAX_BYTES)
-            if resp.reusable:
-                return conn
-        except (HttpConnectionError, HttpProtocolError, TimeoutError):
-            pass
-        conn.close()
-        return await self._connect()
 
     def put(self, conn: _Connection) -> None:
         self._idle.append(conn)

@@ -150,30 +150,6 @@ def test_sequential_requests_reuse_one_keep_alive_connection() -> None:
     assert all(r.error is None for r in recs) and idle == 1
 
 
-def test_connections_opened_ahead_are_primed_and_spare_the_wave_its_connects() -> None:
-    """`open_ahead` leaves N keep-alive connections, each past its `GET /models`, and N
-    requests fired on them pay no connect."""
-    with start_sim("--output-tokens", "2") as s:
-        target = Target(base_url=s.url, model=s.model)
-
-        async def go() -> tuple[int, int, list[RequestRecord]]:
-            async with StreamClient(target) as c:
-                opened = await c.open_ahead(4)
-                idle = len(c.pool._idle)
-                request = c.prepare({"model": target.model, "messages": MESSAGES})
-                t0 = time.perf_counter()
-                recs = [record() for _ in range(4)]
-                launches = [c.launch(request, rec, t0) for rec in recs]
-                for launch in launches:
-                    launch.fire()
-                await asyncio.gather(*(launch.finish() for launch in launches))
-                return opened, idle, recs
-
-        opened, idle, recs = asyncio.run(go())
-    assert opened == 4 and idle == 4
-    assert all(r.error is None and r.connect_s is None for r in recs), [r.error for r in recs]
-
-
 # --------------------------------------------------------------------------- through the CLI
 
 

@@ -491,7 +491,7 @@ class ServeBenchmark(BenchmarkBase):
                 # A fixed concurrency (or a warm-up) opens the level's connections before it
                 # starts, so that its first wave is writes only and no measured request pays a
                 # connect (a connect is reported apart anyway: `connect_ms_*`).
-                await client.open_ahead(spec.concurrency or spec.max_concurrency or 0)
+                await client.pool.open(spec.concurrency or spec.max_concurrency or 0)
             records = await run_level(spec, send, on_record, state, self._t0, early_stop, prepare)
         self._records[spec.index] = [r for r in records if r.phase == "measure"]
         metrics = summarize(records, percentiles=self.percentiles, slos=self.slos)

@@ -72,12 +72,6 @@ class StreamClient:
             raise RuntimeError("StreamClient used outside 'async with'")
         return self._pool
 
-    async def open_ahead(self, count: int) -> int:
-        """Open `count` connections before a level, each primed with one `GET /models`
-        (`ConnectionPool.open`): the level's first wave is then writes on connections like a
-        running client's; the number opened."""
-        return await self.pool.open(count, prime="/models")
-
     def prepare(self, body: dict[str, Any]) -> PreparedRequest:
         """Encode a request body once: streaming fields per `options.stream`, cap per
         `options.response_cap(max_tokens)`."""

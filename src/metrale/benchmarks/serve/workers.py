@@ -94,7 +94,7 @@ async def _work(
 ) -> list[RequestRecord]:  # fmt: skip
     async with StreamClient(target, options, api) as client:
         if spec.concurrency:  # opened ahead: the level's first wave is writes only
-            await client.open_ahead(spec.concurrency)
+            await client.pool.open(spec.concurrency)
         conn.send(("ready", None))
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, conn.recv)  # "go"
