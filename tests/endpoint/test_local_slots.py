@@ -104,3 +104,64 @@ def test_the_server_binary_is_found_or_named_as_missing(
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(UsageError, match=r"scripts/llama-server\.sh.* or pass --target"):
         local.server_binary()
+
+
+AVX512_LINE = (
+    "flags\t\t: fpu sse avx avx2 fma f16c avx512f avx512cd avx512bw avx512dq avx512vl avx512_vnni"
+)
+
+
+def _executable(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_the_avx512_build_is_started_only_where_the_kernel_lists_every_instruction_it_uses(
+    tmp_path: Path,
+) -> None:
+    portable = _executable(tmp_path / "llama-server")
+    all_of_them = local.cpu_flags(_text(tmp_path / "cpuinfo", "processor\t: 0\n" + AVX512_LINE))
+    assert all_of_them >= local.AVX512_FLAGS
+    # no AVX-512 build installed: the portable one, whatever the CPU
+    assert local.cpu_build(portable, all_of_them) == portable
+    fast = _executable(tmp_path / local.AVX512_BINARY)
+    assert local.cpu_build(portable, all_of_them) == fast
+    # each instruction set missing on its own (a CPU without it, or a kernel that has not
+    # enabled its registers and so does not list it): the portable build
+    for flag in local.AVX512_FLAGS:
+        assert local.cpu_build(portable, all_of_them - {flag}) == portable, flag
+    assert local.cpu_build(portable, frozenset()) == portable
+    fast.chmod(0o644)  # there but not executable
+    assert local.cpu_build(portable, all_of_them) == portable
+
+
+def test_cpu_flags_come_from_the_first_cpu_and_an_unreadable_file_gives_none(
+    tmp_path: Path,
+) -> None:
+    two = "processor\t: 0\n" + AVX512_LINE + "\n\nprocessor\t: 1\nflags\t\t: fpu sse\n"
+    assert "avx512_vnni" in local.cpu_flags(_text(tmp_path / "two", two))
+    assert local.cpu_flags(tmp_path / "missing") == frozenset()
+    assert local.cpu_flags(_text(tmp_path / "none", "processor\t: 0\n")) == frozenset()
+
+
+def test_the_venvs_avx512_build_is_chosen_beside_it_and_the_variable_still_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    beside = _executable(tmp_path / "venv" / "llama-server")
+    fast = _executable(tmp_path / "venv" / local.AVX512_BINARY)
+    monkeypatch.setattr(local.sys, "executable", str(tmp_path / "venv" / "python"))
+    monkeypatch.delenv(local.SERVER_ENV, raising=False)
+    monkeypatch.setattr(local, "cpu_flags", lambda: local.AVX512_FLAGS | {"sse"})
+    assert local.server_binary() == fast
+    monkeypatch.setattr(local, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))
+    assert local.server_binary() == beside
+    monkeypatch.setenv(local.SERVER_ENV, str(beside))
+    monkeypatch.setattr(local, "cpu_flags", lambda: local.AVX512_FLAGS)
+    assert local.server_binary() == beside  # a named binary is started as given
+
+
+def _text(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path

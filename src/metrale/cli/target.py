@@ -97,7 +97,7 @@ async def open_target(
     local.packaged_model_path()  # a missing extra or server is a usage error, before any start
     binary = local.server_binary()
     slots, why = local.slots_for(in_flight, local.available_memory())
-    print(f"starting the embedded llama-server (SmolLM2-135M-Instruct, {why})...", file=sys.stderr)
+    print(f"starting the embedded {binary.name} (SmolLM2-135M-Instruct, {why})...", file=sys.stderr)
     server = local.LocalLlamaServer(parallel=slots, binary=binary)
     async with server as server_url:
         found = await probe(server_url, model, None)

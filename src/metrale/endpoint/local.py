@@ -9,6 +9,13 @@ re-encodes it as IQ4_NL into `<venv>/share/metrale`, which the server's AVX2 bat
 serve (Q4_1 has none: a batch of 4 decodes no faster than 4 single steps), and that copy is
 served when it is there.
 
+The script builds the server twice from one tree: a portable build (AVX2) and one whose CPU
+kernels also use AVX-512 with VNNI (`llama-server-avx512`: prompts ~30% faster, a batch of 4
+~15% faster). The second is started only where the kernel lists every one of those
+instructions in /proc/cpuinfo: Linux lists a feature only when it has enabled its register
+state, which the CPU's own `cpuid`, and ggml's check of it, do not tell (a virtual machine can
+advertise what it does not enable).
+
 The server runs as a child process in its own process group, on a free loopback port, and is
 stopped on every exit path: normal end, error, Ctrl-C (the `async with` unwinds), and a killed
 parent (the child gets SIGKILL through PR_SET_PDEATHSIG).
@@ -43,6 +50,11 @@ MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SERVED_FILE = Path("share", "metrale", "SmolLM2-135M-Instruct.IQ4_NL.gguf")
 MODEL_NAME = "SmolLM2-135M-Instruct"
 SERVER_BINARY = "llama-server"
+#: The build of the same server whose CPU kernels use AVX-512 (F, CD, BW, DQ, VL) with VNNI,
+#: installed beside the portable one, and the /proc/cpuinfo flags it needs.
+AVX512_BINARY = "llama-server-avx512"
+_AVX512 = ("avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni")
+AVX512_FLAGS = frozenset(("avx2", "fma", "f16c", *_AVX512))
 #: An explicit server binary, for a build kept elsewhere than the venv.
 SERVER_ENV = "METRALE_LLAMA_SERVER"
 INSTALL_HINT = (
@@ -92,8 +104,9 @@ def packaged_model_path() -> Path:
 
 
 def server_binary() -> Path:
-    """`$METRALE_LLAMA_SERVER`, else `llama-server` beside this python (where the build script
-    installs it), else on PATH; `UsageError` when none is there."""
+    """`$METRALE_LLAMA_SERVER`, else the build beside this python (where the build script
+    installs it; its AVX-512 build where this CPU and kernel allow, see `cpu_build`), else
+    `llama-server` on PATH; `UsageError` when none is there."""
     given = os.environ.get(SERVER_ENV)
     if given:
         if not os.access(given, os.X_OK):
@@ -101,11 +114,31 @@ def server_binary() -> Path:
         return Path(given)
     beside = Path(sys.executable).parent / SERVER_BINARY
     if os.access(beside, os.X_OK):
-        return beside
+        return cpu_build(beside, cpu_flags())
     found = shutil.which(SERVER_BINARY)
     if found:
         return Path(found)
     raise UsageError(INSTALL_HINT)
+
+
+def cpu_build(portable: Path, flags: frozenset[str]) -> Path:
+    """The AVX-512 build beside `portable` when it is there and `flags` (this machine's, as
+    the kernel lists them) include every instruction set it was compiled for; else `portable`."""
+    fast = portable.with_name(AVX512_BINARY)
+    if flags >= AVX512_FLAGS and os.access(fast, os.X_OK):
+        return fast
+    return portable
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The first CPU's `flags` from /proc/cpuinfo (empty when it cannot be read: the portable
+    build then)."""
+    with contextlib.suppress(OSError):
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "flags":
+                return frozenset(value.split())
+    return frozenset()
 
 
 def available_memory() -> int:
