@@ -26,6 +26,12 @@ from tests.real_parts import (  # noqa: F401
 # One modal emulator a session (the SDK keeps one client a process, from the env it first saw).
 from tests.sandbox_sim.modal_sim import modal_sim  # noqa: F401
 
+# The task images a session's real tests built, removed when it ends.
+from tests.task_images import (  # noqa: F401
+    _real_tests_take_their_task_images_away,
+    task_images_removed_at_the_end,
+)
+
 
 @dataclass
 class Sim:
