@@ -27,9 +27,9 @@ from tests.real_parts import (  # noqa: F401
 from tests.sandbox_sim.modal_sim import modal_sim  # noqa: F401
 
 # The task images a session's real tests built, removed when it ends.
-from tests.task_images import (  # noqa: F401
-    _real_tests_take_their_task_images_away,
-    task_images_removed_at_the_end,
+from tests.task_images import (
+    _real_tests_take_their_task_images_away,  # noqa: F401
+    remove_what_the_session_built,
 )
 
 
@@ -164,6 +164,7 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    remove_what_the_session_built()
     cache = getattr(session.config, "cache", None)
     if cache is not None:
         ran = session.testscollected

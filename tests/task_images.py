@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 
 import pytest
 
@@ -38,19 +37,29 @@ def task_images(cli: str) -> set[str] | None:
     return {line for line in listed.stdout.split() if ":" in line}
 
 
-@pytest.fixture(scope="session")
-def task_images_removed_at_the_end() -> Iterator[None]:
-    cli = engine_cli()
-    before = task_images(cli) if cli else None
-    yield
+class _Listing:
+    """The engine's listing when the session's first real test started."""
+
+    asked = False
+    cli: str | None = None
+    before: set[str] | None = None  # None: the engine could not be asked
+
+
+@pytest.fixture(autouse=True)
+def _real_tests_take_their_task_images_away(request: pytest.FixtureRequest) -> None:
+    if _Listing.asked or request.node.get_closest_marker("real") is None:
+        return
+    _Listing.asked = True
+    _Listing.cli = engine_cli()
+    _Listing.before = task_images(_Listing.cli) if _Listing.cli else None
+
+
+def remove_what_the_session_built() -> None:
+    """From `pytest_sessionfinish`: after every test and fixture has ended, outside any test
+    (the real-part audit of `tests/real_parts.py` watches tests, and this is none)."""
+    cli, before = _Listing.cli, _Listing.before
     if cli is None or before is None or os.environ.get("PYTEST_XDIST_WORKER"):
         return
     built = sorted((task_images(cli) or set()) - before)
     if built:
         subprocess.run([cli, "rmi", "-f", *built], capture_output=True, timeout=300, check=False)
-
-
-@pytest.fixture(autouse=True)
-def _real_tests_take_their_task_images_away(request: pytest.FixtureRequest) -> None:
-    if request.node.get_closest_marker("real") is not None:
-        request.getfixturevalue("task_images_removed_at_the_end")
