@@ -431,7 +431,7 @@ def test_host_secrets_are_invisible(
     name: str, make: Callable[..., Runtime], marker: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for key in ("OPENAI_API_KEY", "DATABASE_URL", "GH_PAT", "AWS_ACCESS_KEY_ID",
-                "SSH_AUTH_SOCK", "METRALE_DB_PASSWORD", "HTTPS_PROXY", "http_proxy"):  # fmt: skip
+                "SSH_AUTH_SOCK", "METRALE_DB_PASSWORD"):  # fmt: skip
         monkeypatch.setenv(key, f"secret-{marker}")
 
     async def body(rt: Runtime) -> None:
