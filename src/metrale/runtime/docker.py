@@ -47,7 +47,7 @@ import subprocess
 import tarfile
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -125,7 +125,23 @@ def is_podman(cli: str) -> bool:
 
 #: Each container's user namespace on podman: its own, of a fixed size (why: the docstring).
 USERNS_AUTO = "--userns=auto:size=65536"
+#: What `version` prints: the server's version, then its components (podman's: Podman Engine).
+VERSION_FORMAT = "{{.Server.Version}} {{range .Server.Components}}{{.Name}};{{end}}"
+_VERSIONS: dict[tuple[str, str], str] = {}
 _CREATORS: dict[tuple[str, str], tuple[str, ...]] = {}
+
+
+def engine_version(cli: str) -> subprocess.CompletedProcess[str]:
+    """Blocking: `cli version` in `VERSION_FORMAT`, asked once per CLI and DOCKER_HOST when the
+    engine answers (the run's check and its first sandbox share it)."""
+    key = (cli, os.environ.get("DOCKER_HOST", ""))
+    argv = [cli, "version", "--format", VERSION_FORMAT]
+    if key in _VERSIONS:
+        return subprocess.CompletedProcess(argv, 0, _VERSIONS[key], "")
+    probe = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    if probe.returncode == 0 and probe.stdout.strip():
+        _VERSIONS[key] = probe.stdout
+    return probe
 
 
 def container_creator(cli: str) -> tuple[str, ...]:
@@ -139,10 +155,9 @@ def container_creator(cli: str) -> tuple[str, ...]:
     podman = shutil.which("podman")
     if is_podman(cli) or podman is None:
         return _CREATORS.setdefault(key, (cli,))
-    kind = [cli, "version", "--format", "{{range .Server.Components}}{{.Name}};{{end}}"]
     where = [cli, "context", "inspect", "--format", "{{.Endpoints.docker.Host}}"]
     try:
-        engine = subprocess.run(kind, capture_output=True, text=True, timeout=60, check=False)
+        engine = engine_version(cli)
         if engine.returncode != 0:
             return (cli,)
         host = subprocess.run(where, capture_output=True, text=True, timeout=60, check=False)
@@ -511,13 +526,15 @@ def task_network(network: str, *, internet: bool) -> str:
     return TASK_NETWORK if network == "none" else network
 
 
-def _engine_probe(argv: list[str], what: str) -> subprocess.CompletedProcess[str]:
+def _engine_probe(
+    what: str, ask: Callable[[], subprocess.CompletedProcess[str]]
+) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        return ask()
     except subprocess.TimeoutExpired:
         raise UsageError(f"docker runtime: '{what}' did not answer in 30 s") from None
     except OSError as exc:
-        raise UsageError(f"docker runtime: cannot run {argv[0]!r}: {exc}") from None
+        raise UsageError(f"docker runtime: cannot run '{what}': {exc}") from None
 
 
 def check_docker(config: DockerConfig) -> None:
@@ -529,7 +546,7 @@ def check_docker(config: DockerConfig) -> None:
             f"docker runtime: {cli!r} is not on PATH (pick one with --docker-cli); "
             f"to install and start an engine: {ENGINE_UP}"
         )
-    probe = _engine_probe([cli, "version", "--format", "{{.Server.Version}}"], f"{cli} version")
+    probe = _engine_probe(f"{cli} version", lambda: engine_version(cli))
     if probe.returncode != 0 or not probe.stdout.strip():
         where = os.environ.get("DOCKER_HOST", "the default socket")
         why = (probe.stderr.strip().splitlines() or ["no engine"])[-1][:200]
@@ -537,7 +554,11 @@ def check_docker(config: DockerConfig) -> None:
             f"docker runtime: no container engine answers {cli!r} at {where} ({why}); "
             f'start one with: eval "$({ENGINE_UP})"'
         )
-    image = _engine_probe([cli, "image", "inspect", config.image], f"{cli} image inspect")
+    inspect = [cli, "image", "inspect", config.image]
+    image = _engine_probe(
+        f"{cli} image inspect",
+        lambda: subprocess.run(inspect, capture_output=True, text=True, timeout=30, check=False),
+    )
     if image.returncode != 0:
         hint = (
             f"build it with: {ENGINE_UP}"
