@@ -104,9 +104,10 @@ write_configs() {
 # written by metrale scripts/container-engine.sh; read through CONTAINERS_CONF
 [containers]
 # each container its own user namespace from the 'containers' range of /etc/subuid: root
-# inside is an unprivileged uid outside
+# inside is an unprivileged uid outside. metrale's docker runtime creates its containers with
+# podman's client and --userns=auto:size=65536 instead: through the Docker API podman 4.3 sizes
+# the namespace from the image, which can deadlock the engine (docs/runtimes.md).
 userns = "auto"
-userns_size = 65536
 default_ulimits = ["nofile=$nofile:$nofile", "nproc=$nproc:$nproc"]
 init_path = "/usr/bin/catatonit"
 log_driver = "k8s-file"

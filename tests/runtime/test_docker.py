@@ -16,7 +16,7 @@ import pytest
 
 from metrale.errors import UsageError
 from metrale.runtime import DockerConfig, check_runtime, create_runtime, runtime_config
-from metrale.runtime.docker import LABEL, DockerRuntime
+from metrale.runtime.docker import LABEL, USERNS_AUTO, DockerRuntime
 from tests.runtime.engine import SCRIPT, labelled_containers, require_engine
 
 
@@ -36,8 +36,20 @@ def test_run_argv_labels_limits_and_isolates(monkeypatch: pytest.MonkeyPatch) ->
     assert argv[argv.index("--pull") + 1] == "never"
     assert "--init" in argv and "--cpus" in argv
     assert argv[argv.index("--cap-drop") + 1] == "ALL"
+    assert USERNS_AUTO in argv and "--http-proxy=false" in argv
     assert "GIVEN=1" in argv
     assert not any("secret-in-argv" in a for a in argv)
+
+
+def test_a_podman_client_creates_with_a_sized_user_namespace_a_docker_cli_with_none() -> None:
+    rt = create_runtime(runtime_config("docker"))
+    assert isinstance(rt, DockerRuntime)
+    plain = rt.run_argv()
+    assert plain[:3] == ["docker", "run", "-d"]
+    assert not any(a.startswith(("--userns", "--http-proxy")) for a in plain)
+    remote = rt.run_argv(("/usr/bin/podman", "--remote", "--url", "unix:///e/podman.sock"))
+    assert remote[:5] == ["/usr/bin/podman", "--remote", "--url", "unix:///e/podman.sock", "run"]
+    assert USERNS_AUTO in remote and "--http-proxy=false" in remote
 
 
 def test_a_missing_cli_or_engine_is_one_line_naming_the_script(tmp_path: object) -> None:
@@ -110,6 +122,8 @@ def test_root_inside_is_an_unprivileged_uid_on_the_host(cli: str, marker: str) -
             assert made.exit_code == 0, made.stderr
             assert made.stdout.split()[:2] == ["0", "0"]  # root inside, mapped from...
             assert made.stdout.split()[2] != "0", made.stdout  # ...not host uid 0
+            # sized by podman's client, never by probing the image (docs/runtimes.md)
+            assert made.stdout.split()[3] == "65536", made.stdout
             inspect = [cli, "inspect", "--format", "{{.GraphDriver.Data.UpperDir}}", rt.container]
             upper = await asyncio.to_thread(
                 subprocess.run, inspect, capture_output=True, text=True, timeout=60
@@ -120,6 +134,43 @@ def test_root_inside_is_an_unprivileged_uid_on_the_host(cli: str, marker: str) -
             assert owner.st_uid not in {entry.pw_uid for entry in pwd.getpwall()}
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("cli", ["docker", "podman"])
+def test_proxy_credentials_of_the_host_do_not_reach_the_container(
+    cli: str, marker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """podman's client copies the proxy variables of its environment into what it runs unless
+    told not to; a proxy URL often carries credentials."""
+    require_engine()
+    for key in ("HTTPS_PROXY", "http_proxy", "ALL_PROXY", "FTP_PROXY"):
+        monkeypatch.setenv(key, f"http://user:secret-{marker}@proxy.invalid:3128")
+
+    async def main() -> str:
+        async with create_runtime(DockerConfig(cli=cli)) as rt:
+            return (await rt.run("cat /proc/1/environ | tr '\\0' '\\n'; env")).stdout
+
+    seen = asyncio.run(main())
+    assert "PATH=" in seen and f"secret-{marker}" not in seen
+
+
+def test_eight_sandboxes_at_a_time_do_not_deadlock_the_engine(marker: str) -> None:
+    """Unsized `auto` user namespaces deadlocked podman 4.3's whole engine when containers were
+    created while others were mounted (started, copied to) or their podman processes shut
+    down: eight sandboxes at a time, without the fix, wedged it within a few rounds."""
+    require_engine()
+
+    async def one(i: int) -> None:
+        async with create_runtime(DockerConfig()) as rt:
+            await rt.write("in.txt", f"{marker}-{i}")
+            assert (await rt.run("cat in.txt")).stdout == f"{marker}-{i}"
+
+    async def main() -> None:
+        for _ in range(3):
+            await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(8))), timeout=180)
+
+    asyncio.run(main())
+    assert not labelled_containers(**{f"{LABEL}.pid": str(os.getpid())})
 
 
 def test_podman_stop_does_not_wait_for_the_stop_timeout() -> None:

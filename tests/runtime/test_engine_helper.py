@@ -64,3 +64,27 @@ def test_a_test_that_needs_the_engine_asks_once(tmp_path: Path) -> None:
         ["docker", "image", "inspect"],
         ["script", "status"],
     ]
+
+
+def test_an_engine_that_stops_answering_fails_each_test_at_once(tmp_path: Path) -> None:
+    """A wedged podman answers image commands and hangs on container ones: the first test
+    that finds it so waits `PS_TIMEOUT_S` once, the next ones fail without asking again."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    docker = bin_dir / "docker"
+    docker.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n[ "$1" = ps ] && exec sleep 30\nexit 0\n')
+    docker.chmod(0o755)
+    code = (
+        "import pytest\n"
+        "from tests.runtime import engine\n"
+        "engine.PS_TIMEOUT_S = 1\n"
+        "for _ in range(3):\n"
+        "    try:\n"
+        "        engine.require_engine()\n"
+        "    except pytest.fail.Exception as exc:\n"
+        "        print('failed:', exc)\n"
+    )
+    proc = _python(code, bin_dir)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("failed: the container engine stopped answering") == 3, proc.stdout
+    assert [line.split()[0] for line in calls.read_text().splitlines()] == ["image", "ps"]

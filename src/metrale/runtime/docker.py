@@ -5,14 +5,24 @@ CLI against dockerd or against podman's Docker-API socket, or podman itself).
 what commands leave behind (with `sleep` as PID 1, finished children count against
 `--pids-limit` until no exec can start). Network `none`, memory, swap, pids and CPU limits, no
 new privileges and a reduced capability set by default; a user namespace of its own, so root
-inside is an unprivileged uid outside (podman's `--userns=auto`; through the docker CLI, the
-engine's `userns = "auto"`, which scripts/container-engine.sh configures). Only `config.env`
+inside is an unprivileged uid outside (on podman, `USERNS_AUTO`, below; against dockerd, the
+daemon's `userns-remap`, which metrale neither sets nor checks). Only `config.env`
 and the runtime's minimal env go in, always as `-e NAME=VALUE`: metrale's own environment
 never reaches the container. `run()` is `exec`, wrapped in the image's `timeout` so a command
 that outlives its limit is killed inside the container, not only its client.
 `read()`/`write()` are `cp` of a tar stream (binary-safe, resolved by the engine inside the
 container's root, no exec session).
 `stop()` removes without waiting (`rm -f`; podman's CLI needs `-t 0` or waits 10 s).
+
+On a podman engine every container is created by podman's own client (the podman CLI, or
+`podman --remote` through the docker CLI's socket: `container_creator`) with a sized `auto`
+user namespace (`USERNS_AUTO`). Unsized, podman 4.3 (Debian 12's) sizes each namespace by
+mounting a temporary layer of the image while it holds the layer store's lock, the inverse of
+the order every mount and every podman process's shutdown takes the same two locks, and under
+concurrent rollouts the whole engine deadlocks: every client hangs (containers/storage PR 1387,
+fixed in 1.44). The docker CLI accepts no such mode, and podman 4.3's Docker API drops the size
+containers.conf gives; podman's client sends it. `--http-proxy=false`: podman's client would
+copy metrale's proxy variables (with their credentials) into the container.
 
 Containers carry the `metrale.sandbox` label with the owning pid and host. A watchdog, one per
 metrale process, removes that process's containers when it dies (SIGKILL included), and
@@ -37,7 +47,7 @@ import subprocess
 import tarfile
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -113,6 +123,51 @@ def is_podman(cli: str) -> bool:
     return Path(cli).name.startswith("podman")
 
 
+#: Each container's user namespace on podman: its own, of a fixed size (why: the docstring).
+USERNS_AUTO = "--userns=auto:size=65536"
+#: What `version` prints: the server's version, then its components (podman's: Podman Engine).
+VERSION_FORMAT = "{{.Server.Version}} {{range .Server.Components}}{{.Name}};{{end}}"
+_VERSIONS: dict[tuple[str, str], str] = {}
+_CREATORS: dict[tuple[str, str], tuple[str, ...]] = {}
+
+
+def engine_version(cli: str) -> subprocess.CompletedProcess[str]:
+    """Blocking: `cli version` in `VERSION_FORMAT`, asked once per CLI and DOCKER_HOST when the
+    engine answers (the run's check and its first sandbox share it)."""
+    key = (cli, os.environ.get("DOCKER_HOST", ""))
+    argv = [cli, "version", "--format", VERSION_FORMAT]
+    if key in _VERSIONS:
+        return subprocess.CompletedProcess(argv, 0, _VERSIONS[key], "")
+    probe = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    if probe.returncode == 0 and probe.stdout.strip():
+        _VERSIONS[key] = probe.stdout
+    return probe
+
+
+def container_creator(cli: str) -> tuple[str, ...]:
+    """Blocking, once per CLI and DOCKER_HOST: the command that creates this process's
+    containers. `cli` itself, unless it is a docker CLI in front of a podman engine and a podman
+    client is on PATH: then `podman --remote --url <the docker CLI's endpoint>`. An engine that
+    does not answer is not remembered (the run's own calls then say why)."""
+    key = (cli, os.environ.get("DOCKER_HOST", ""))
+    if key in _CREATORS:
+        return _CREATORS[key]
+    podman = shutil.which("podman")
+    if is_podman(cli) or podman is None:
+        return _CREATORS.setdefault(key, (cli,))
+    where = [cli, "context", "inspect", "--format", "{{.Endpoints.docker.Host}}"]
+    try:
+        engine = engine_version(cli)
+        if engine.returncode != 0:
+            return (cli,)
+        host = subprocess.run(where, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return (cli,)
+    endpoint = host.stdout.strip()
+    remote = "Podman Engine" in engine.stdout and host.returncode == 0 and endpoint
+    return _CREATORS.setdefault(key, (podman, "--remote", "--url", endpoint) if remote else (cli,))
+
+
 class DockerRuntime(RuntimeBase):
     config: DockerConfig
 
@@ -123,9 +178,12 @@ class DockerRuntime(RuntimeBase):
         self._stopped = False
         self._removal: asyncio.Task[None] | None = None
 
-    def run_argv(self) -> list[str]:
+    def run_argv(self, creator: Sequence[str] = ()) -> list[str]:
+        """`run -d` of this runtime's container by `creator` (`container_creator`; the
+        configured CLI when empty)."""
         cfg = self.config
-        argv = [cfg.cli, "run", "-d", "--rm", "--init", "--pull", "never", "--name", self.name]
+        argv = [*(creator or [cfg.cli]), "run", "-d", "--rm", "--init", "--pull", "never"]
+        argv += ["--name", self.name]
         argv += ["--label", f"{LABEL}=1", "--label", f"{PID_LABEL}={os.getpid()}"]
         argv += ["--label", f"{HOST_LABEL}={socket.gethostname()}", "--network", cfg.network]
         if cfg.cpus is not None:
@@ -136,10 +194,10 @@ class DockerRuntime(RuntimeBase):
         if cfg.max_procs is not None:
             argv += ["--pids-limit", str(cfg.max_procs)]
         argv += ["--security-opt", "no-new-privileges", "--cap-drop", "ALL"]
-        if is_podman(cfg.cli):
-            # root inside is a subordinate uid outside; through the docker CLI (which accepts
-            # no such mode) the engine's `userns = "auto"` (container-engine.sh) does the same
-            argv.append("--userns=auto")
+        if is_podman(argv[0]):
+            # root inside is a subordinate uid outside; a docker CLI (which accepts no such
+            # mode) in front of another engine gets that engine's own setting
+            argv += [USERNS_AUTO, "--http-proxy=false"]
         for cap in CAPABILITIES:
             argv += ["--cap-add", cap]
         for key, value in {**MINIMAL_ENV, **cfg.env}.items():
@@ -167,7 +225,8 @@ class DockerRuntime(RuntimeBase):
             raise RuntimeStartError("runtime already stopped")
         ensure_watchdog(self.config.cli)
         try:
-            result = await self._cli(self.run_argv(), timeout=600)
+            creator = await asyncio.to_thread(container_creator, self.config.cli)
+            result = await self._cli(self.run_argv(creator), timeout=600)
         except OSError as exc:
             raise RuntimeStartError(f"cannot run {self.config.cli}: {exc}") from exc
         if result.exit_code != 0:
@@ -467,13 +526,15 @@ def task_network(network: str, *, internet: bool) -> str:
     return TASK_NETWORK if network == "none" else network
 
 
-def _engine_probe(argv: list[str], what: str) -> subprocess.CompletedProcess[str]:
+def _engine_probe(
+    what: str, ask: Callable[[], subprocess.CompletedProcess[str]]
+) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        return ask()
     except subprocess.TimeoutExpired:
         raise UsageError(f"docker runtime: '{what}' did not answer in 30 s") from None
     except OSError as exc:
-        raise UsageError(f"docker runtime: cannot run {argv[0]!r}: {exc}") from None
+        raise UsageError(f"docker runtime: cannot run '{what}': {exc}") from None
 
 
 def check_docker(config: DockerConfig) -> None:
@@ -485,7 +546,7 @@ def check_docker(config: DockerConfig) -> None:
             f"docker runtime: {cli!r} is not on PATH (pick one with --docker-cli); "
             f"to install and start an engine: {ENGINE_UP}"
         )
-    probe = _engine_probe([cli, "version", "--format", "{{.Server.Version}}"], f"{cli} version")
+    probe = _engine_probe(f"{cli} version", lambda: engine_version(cli))
     if probe.returncode != 0 or not probe.stdout.strip():
         where = os.environ.get("DOCKER_HOST", "the default socket")
         why = (probe.stderr.strip().splitlines() or ["no engine"])[-1][:200]
@@ -493,7 +554,11 @@ def check_docker(config: DockerConfig) -> None:
             f"docker runtime: no container engine answers {cli!r} at {where} ({why}); "
             f'start one with: eval "$({ENGINE_UP})"'
         )
-    image = _engine_probe([cli, "image", "inspect", config.image], f"{cli} image inspect")
+    inspect = [cli, "image", "inspect", config.image]
+    image = _engine_probe(
+        f"{cli} image inspect",
+        lambda: subprocess.run(inspect, capture_output=True, text=True, timeout=30, check=False),
+    )
     if image.returncode != 0:
         hint = (
             f"build it with: {ENGINE_UP}"
