@@ -20,6 +20,7 @@ podman-remote) CREATE=(podman --remote --url "${DOCKER_HOST:?run the engine expo
 *) echo "engine_deadlock.sh: MODE must be docker or podman-remote, not '$MODE'" >&2; exit 2 ;;
 esac
 FLAG=$(mktemp -u /tmp/metrale-deadlock.XXXXXX)
+trap 'rm -f "$FLAG" "$FLAG".*' EXIT
 END=$(($(date +%s) + SECONDS_))
 call() {
     [ -e "$FLAG" ] && return 0
@@ -47,7 +48,6 @@ wait
 cycles=$(cat "$FLAG".* 2>/dev/null | awk '{s += $1} END {print s + 0}')
 rm -f "$FLAG".*
 if [ -e "$FLAG" ]; then
-    rm -f "$FLAG"
     echo "WEDGED after $(($(date +%s) - began)) s ($MODE, $WORKERS workers, $IMAGE)"
     exit 1
 fi
