@@ -162,6 +162,21 @@ def test_the_venvs_avx512_build_is_chosen_beside_it_and_the_variable_still_wins(
     assert local.server_binary() == beside  # a named binary is started as given
 
 
+def test_a_server_on_path_gets_its_avx512_build_where_the_cpu_allows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    on_path = _executable(tmp_path / "bin" / "llama-server")
+    monkeypatch.setattr(local.sys, "executable", str(tmp_path / "venv" / "python"))
+    monkeypatch.setenv("PATH", str(on_path.parent))
+    monkeypatch.delenv(local.SERVER_ENV, raising=False)
+    monkeypatch.setattr(local, "cpu_flags", lambda: local.AVX512_FLAGS)
+    assert local.server_binary() == on_path  # no AVX-512 build beside it
+    fast = _executable(tmp_path / "bin" / local.AVX512_BINARY)
+    assert local.server_binary() == fast
+    monkeypatch.setattr(local, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))
+    assert local.server_binary() == on_path
+
+
 def _text(path: Path, text: str) -> Path:
     path.write_text(text)
     return path

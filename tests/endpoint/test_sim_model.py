@@ -200,8 +200,11 @@ def test_closed_loop_ttft_and_throughput_follow_the_capacity_formulas(k: int, cl
     ttfts, wall = run_with(config, body)
     wait = service * (clients / k - 1)
     expected_ttft = ttft + per_token * u + wait
-    # the sim never answers sooner than the formula; a loaded machine only adds
-    assert expected_ttft - 0.005 <= statistics.median(ttfts) <= 1.1 * expected_ttft + 0.05
+    # the sim never answers sooner than the formula; a loaded machine only adds (each round's
+    # delay carries into the next one's wait, hence the slack). The bounds still tell the
+    # formula from its neighbours: one slot fewer than K adds a whole S·C/K(K−1) or more
+    # (at (2, 4): 1.8 s against 0.8 s), unqueued requests would take ttft + p·u (0.3 s).
+    assert expected_ttft - 0.005 <= statistics.median(ttfts) <= 1.25 * expected_ttft + 0.1
     throughput = clients * rounds / wall
     capacity = min(clients, k) / service  # an upper bound, exactly
     assert 0.6 * capacity <= throughput <= 1.05 * capacity

@@ -7,6 +7,7 @@ promise skips that test with the reason, never silently.
 | background gone after stop()        | yes                | yes   | yes    | yes       | yes     |
 | kill_commands: all gone, box stays  | yes (marker)       | yes   | yes    | yes       | no      |
 | network off by default              | no (host network)  | yes   | yes    | yes       | yes     |
+| network when asked reaches the host | yes (always)       | yes   | bridge | yes       | yes     |
 | process limit                       | no (root exempt)   | yes   | yes    | no (skip) | no      |
 | memory limit per process            | yes (RLIMIT_AS)    | yes   | yes    | no (skip) | yes     |
 | memory limit of the whole sandbox   | no                 | yes   | yes    | no (skip) | yes     |
@@ -15,11 +16,11 @@ promise skips that test with the reason, never silently.
 | nothing left after SIGKILL of us    | no (no supervisor) | yes   | yes    | no (skip) | cleanup |
 
 prime runs against `metrale sandbox-sim prime` (bwrap behind it) through the official SDK and
-makes the promises of the first three rows, the memory limit per process (its `memory_mb`) and
-host secrets and files invisible. Not the others: a prime sandbox has the service's network;
-the service bounds cores and memory, not processes or CPU seconds (no `BOUNDS` declared); and
-a remote sandbox outlives a SIGKILLed run until `metrale cleanup --runtime prime`
-(tests/runtime/test_prime.py).
+makes the promises of the first five rows (network off unless asked: `network_allowlist=[]`),
+the memory limit per process (its `memory_mb`) and host secrets and files invisible. Not the
+others: the service bounds cores and memory, not processes or CPU seconds (no `BOUNDS`
+declared); and a remote sandbox outlives a SIGKILLed run until `metrale cleanup --runtime
+prime` (tests/runtime/test_prime.py).
 
 modal runs against `metrale sandbox-sim modal` (bwrap behind it) through the official SDK and
 makes the same promises, with the service's network off and without kill_commands (the service
@@ -322,8 +323,7 @@ def test_the_network_probe_reaches_the_host_from_the_host(
 def test_network_is_off_by_default(
     name: str, make: Callable[..., Runtime], listener: tuple[int, list[str]], marker: str
 ) -> None:
-    here = "has the service's network" if name == "prime" else "runs on the host network"
-    skip_unless(name, declares(name, Capability.NETWORK_OFF), here)
+    skip_unless(name, declares(name, Capability.NETWORK_OFF), "runs on the host network")
     port, hosts = listener
 
     async def body(rt: Runtime) -> None:
@@ -335,6 +335,28 @@ def test_network_is_off_by_default(
         assert sum(line.startswith("refused ") for line in lines) == len(hosts), lines
 
     inside(make, body)
+
+
+def test_network_when_asked_reaches_the_host(
+    name: str, make: Callable[..., Runtime], listener: tuple[int, list[str]], marker: str
+) -> None:
+    """The other half of `network`: a sandbox given a network (its runtime's `network`
+    option; subprocess always has the host's) reaches a host address. Behind the emulators,
+    the network the SDK's creation asked for (not one they give every sandbox)."""
+    skip_unless(name, declares(name, Capability.NETWORK), "gives no network beyond loopback")
+    options: dict[str, Any] = {}
+    if takes(name, "network"):
+        options["network"] = "bridge" if name == "docker" else True
+    port, hosts = listener
+
+    async def body(rt: Runtime) -> None:
+        await rt.write("probe.py", PROBE)
+        result = await rt.run(["python3", "probe.py", str(port), *hosts], timeout=60)
+        assert result.exit_code == 0, result.stderr
+        # a bridge reaches the host's own address, not its loopback (the sandbox's own)
+        assert "reached" in result.stdout, result.stdout
+
+    inside(make, body, **options)
 
 
 #: Forks sleeping children until a fork fails; prints how many started (no fork needed to

@@ -75,6 +75,29 @@ def test_a_call_it_does_not_implement_is_unimplemented_naming_it(modal_sim: Moda
     assert modal_sim.live() == []
 
 
+def test_an_outbound_allowlist_naming_hosts_is_refused_not_approximated(
+    modal_sim: ModalSim,
+) -> None:
+    """The emulator gives a sandbox the host's network or none (`block_network`, or an empty
+    allowlist: the conformance suite's network tests); a list naming hosts would be either
+    more or less than asked, so the creation fails saying so."""
+
+    async def body() -> None:
+        app = await modal.App.lookup.aio("metrale-test-sdk", create_if_missing=True)
+        image = modal.Image.from_registry("debian:bookworm-slim")
+        with pytest.raises(modal.exception.Error, match="allowlist is not emulated"):
+            await modal.Sandbox.create.aio(
+                "sleep", "infinity", app=app, image=image, outbound_cidr_allowlist=["10.0.0.0/8"]
+            )
+        closed = await modal.Sandbox.create.aio(
+            "sleep", "infinity", app=app, image=image, outbound_cidr_allowlist=[]
+        )
+        await closed.terminate.aio()
+
+    _run(body)
+    assert modal_sim.live() == []
+
+
 def test_a_connection_may_hold_more_streams_than_a_thousand_sandboxes(modal_sim: ModalSim) -> None:
     """The SDK sends every control-plane call over one connection, and a creation holds its
     stream while pending: at h2's default of 100 streams the emulator, not the service it

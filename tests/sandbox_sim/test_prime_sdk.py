@@ -77,3 +77,30 @@ def test_the_sync_client_lists_and_bulk_deletes_as_the_cleanup_does() -> None:
         assert (page.total, len(page.sandboxes), page.has_next) == (3, 2, True)
         assert sorted(client.bulk_delete(sandbox_ids=ids).succeeded) == sorted(ids)
         assert emulator.left() == []
+
+
+def test_egress_rules_are_kept_exactly_or_refused() -> None:
+    """The SDK's documented "deny all egress" (`network_allowlist=[]`) and a denylist of the
+    whole IPv4 space are kept (and shown back); a list naming hosts is refused with a 422 that
+    says what is accepted, since the emulator gives a sandbox all of the host's network or
+    none. Whether a sandbox then reaches anything is the conformance suite's
+    (`test_network_is_off_by_default[prime]`, `test_network_when_asked_reaches_the_host`)."""
+
+    async def drive() -> None:
+        client = prime.AsyncSandboxClient()
+        try:
+            base = prime.CreateSandboxRequest(name="net", docker_image="img", labels=["net"])
+            closed = await client.create(base.model_copy(update={"network_allowlist": []}))
+            denied = await client.create(
+                base.model_copy(update={"network_denylist": ["0.0.0.0/0"]})
+            )
+            assert closed.network_allowlist == [] and denied.network_denylist == ["0.0.0.0/0"]
+            with pytest.raises(prime.APIError, match="422.*not emulated.*network_allowlist=\\[\\]"):
+                await client.create(base.model_copy(update={"network_allowlist": ["pypi.org"]}))
+            await client.bulk_delete(labels=["net"])
+        finally:
+            await client.aclose()
+
+    with prime_emulator("--stuck", "1") as emulator, client_env(emulator):
+        asyncio.run(drive())
+        assert emulator.left() == []

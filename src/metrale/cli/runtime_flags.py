@@ -133,7 +133,8 @@ def add_runtime_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None
     g.add_argument(
         "--network",
         action="store_true",
-        help="let sandboxes reach the network (bwrap: host network; docker: bridge)",
+        help="let sandboxes reach the network (bwrap: host network; docker: bridge; prime, "
+        "modal: the service's outbound network)",
     )
     g.add_argument(
         "--output-cap",

@@ -104,9 +104,10 @@ def packaged_model_path() -> Path:
 
 
 def server_binary() -> Path:
-    """`$METRALE_LLAMA_SERVER`, else the build beside this python (where the build script
-    installs it; its AVX-512 build where this CPU and kernel allow, see `cpu_build`), else
-    `llama-server` on PATH; `UsageError` when none is there."""
+    """`$METRALE_LLAMA_SERVER` as given, else the build beside this python (where the build
+    script installs it), else `llama-server` on PATH (where a user copied both builds); in
+    either place, its AVX-512 build where one lies beside it and this CPU and kernel allow
+    (`cpu_build`). `UsageError` when none is there."""
     given = os.environ.get(SERVER_ENV)
     if given:
         if not os.access(given, os.X_OK):
@@ -117,7 +118,7 @@ def server_binary() -> Path:
         return cpu_build(beside, cpu_flags())
     found = shutil.which(SERVER_BINARY)
     if found:
-        return Path(found)
+        return cpu_build(Path(found), cpu_flags())
     raise UsageError(INSTALL_HINT)
 
 

@@ -97,6 +97,7 @@ class PrimeConfig(RuntimeConfig):
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {
             Capability.TASK_IMAGE,
+            Capability.NETWORK_OFF,
             Capability.NETWORK,
             Capability.REMOTE,
             Capability.LEFTOVERS,
@@ -129,6 +130,11 @@ class PrimeConfig(RuntimeConfig):
     env: dict[str, str] = Field(
         default_factory=dict, description="variables set in every sandbox (--env)"
     )
+    network: bool = Field(
+        default=False,
+        description="outbound network; off: created with network_allowlist=[] (no egress, DNS "
+        "included), as every metrale runtime's sandbox is unless asked",
+    )
     #: the run's client and poller: every copy of this config (one run) shares them
     _sessions: Sessions = PrivateAttr(default_factory=Sessions)
 
@@ -146,7 +152,9 @@ class PrimeConfig(RuntimeConfig):
         return "tag"
 
     def for_task(self, task: TaskSandbox) -> RuntimeConfig:
-        update: dict[str, Any] = {"env": {**self.env, **task.env}}
+        """The task's image (a registry name), WORKDIR, ENV, CPUs, memory; outbound network
+        exactly when the task allows the internet."""
+        update: dict[str, Any] = {"env": {**self.env, **task.env}, "network": task.internet}
         if task.image:
             update["image"] = task.image
         if task.workdir:
@@ -254,6 +262,7 @@ class PrimeRuntime(RuntimeBase):
             memory_gb=self.config.memory_mb / 1024,
             timeout_minutes=self.config.timeout_minutes,
             environment_vars=dict(self.config.env) or None,
+            network_allowlist=None if self.config.network else [],
             labels=run_labels(self.config.sessions.run),
             idempotency_key=uuid.uuid4().hex,  # a retried request is the same sandbox
         )

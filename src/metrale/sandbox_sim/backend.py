@@ -10,6 +10,11 @@ container of the local engine) and not a stand-in that answers what a test expec
   used as is, or mapped to a local image (`NAME=LOCAL`). Nothing is ever pulled.
 - `auto`: docker when an engine answers, else bwrap.
 
+A sandbox has the network its creation asked for: none but loopback (bwrap's own network
+namespace, docker's `none`), or what the host reaches (bwrap's `--share-net`, the engine's
+bridge). A service's finer egress rules (allowlists) are not emulated: the emulators refuse
+them rather than give more or less than was asked.
+
 `close()` deletes every sandbox still live; the emulators call it on every exit path.
 """
 
@@ -104,10 +109,17 @@ class Backend:
 
     def check(self) -> None:
         """UsageError when this machine cannot give the chosen backend's sandboxes at all."""
-        self._config("check", {}, 1.0, 1024, "/work").check()
+        self._config("check", {}, 1.0, 1024, "/work", network=False).check()
 
     def _config(
-        self, image: str, env: Mapping[str, str], cpu: float, memory_mb: int, workdir: str
+        self,
+        image: str,
+        env: Mapping[str, str],
+        cpu: float,
+        memory_mb: int,
+        workdir: str,
+        *,
+        network: bool,
     ) -> RuntimeConfig:
         from metrale.runtime.bwrap import BwrapConfig
         from metrale.runtime.docker import DockerConfig
@@ -117,14 +129,14 @@ class Backend:
             # `check`: the engine only, with the default image scripts/container-engine.sh builds
             config = DockerConfig(
                 cpus=cpu, memory_mb=memory_mb, workdir=workdir, env=dict(env),
-                output_cap_bytes=EXEC_CAP_BYTES,
+                output_cap_bytes=EXEC_CAP_BYTES, network="bridge" if network else "none",
             )  # fmt: skip
             if image != "check":
                 config.image = self.images.get(image, image)
             return config
         return BwrapConfig(
             root=self.images.get(image), limits=Limits(memory_mb=memory_mb), workdir=workdir,
-            env=dict(env), output_cap_bytes=EXEC_CAP_BYTES,
+            env=dict(env), output_cap_bytes=EXEC_CAP_BYTES, network=network,
         )  # fmt: skip
 
     async def create(
@@ -136,12 +148,14 @@ class Backend:
         memory_mb: int = 2048,
         workdir: str = "/work",
         labels: Mapping[str, str] | None = None,
+        network: bool = False,
     ) -> str:
-        """A started sandbox's id. RuntimeStartError when it cannot start (an image the engine
-        lacks, a start that failed): nothing of it is left."""
+        """A started sandbox's id, with the host's network or (`network` False) loopback only.
+        RuntimeStartError when it cannot start (an image the engine lacks, a start that
+        failed): nothing of it is left."""
         if self._closing:
             raise RuntimeStartError("the emulator is shutting down")
-        config = self._config(image, env or {}, cpu, memory_mb, workdir)
+        config = self._config(image, env or {}, cpu, memory_mb, workdir, network=network)
         if self.kind == "docker":
             from metrale.runtime.configs import check_runtime
 

@@ -49,6 +49,28 @@ IMAGE_BUILDER_VERSION = "2025.06"
 DEFAULT_TOKEN = ("ak-metrale-sandbox-sim", "as-metrale-sandbox-sim")
 
 
+def network_of(definition: Any) -> bool:
+    """Whether a sandbox's definition asks for outbound network: `network_access` OPEN (or
+    unset, the service's default) yes; BLOCKED, the legacy `block_network`, or an allowlist of
+    nothing, no. An allowlist that names anything is refused (INVALID_ARGUMENT): the backend
+    gives all of the host's network or none, and either would be a lie about the list."""
+    from modal_proto import api_pb2
+
+    kinds = api_pb2.NetworkAccess.NetworkAccessType
+    access = definition.network_access
+    if definition.block_network or access.network_access_type == kinds.BLOCKED:
+        return False
+    if access.network_access_type == kinds.ALLOWLIST:
+        if access.allowed_cidrs or access.allowed_domains:
+            raise GRPCError(
+                Status.INVALID_ARGUMENT,
+                "metrale sandbox-sim modal gives a sandbox the host's network or none; "
+                "an outbound allowlist is not emulated (accepted: block_network, or neither)",
+            )
+        return False
+    return True
+
+
 @dataclass
 class Box:
     """One sandbox as the service sees it."""
@@ -61,6 +83,8 @@ class Box:
     cpu: float
     memory_mb: int
     env: dict[str, str] = field(default_factory=dict)
+    #: outbound network (the service's OPEN); False: BLOCKED (or the legacy block_network)
+    network: bool = True
     created_at: float = field(default_factory=time.time)
     task_id: str = ""
     status: str = "pending"  # pending, running, terminated
@@ -300,6 +324,7 @@ class ModalEmulator:
             raise GRPCError(Status.RESOURCE_EXHAUSTED, refused)
         d = req.definition
         res = d.resources
+        network = network_of(d)
         box = Box(
             sandbox_id=f"sb-{uuid.uuid4().hex[:20]}",
             app_id=req.app_id,
@@ -309,6 +334,7 @@ class ModalEmulator:
             cpu=res.milli_cpu / 1000 if res.milli_cpu else 1.0,
             memory_mb=res.memory_mb_max or res.memory_mb or 2048,
             env=env_of(req) if hasattr(req, "secret_sources") else {},
+            network=network,
         )
         self.boxes[box.sandbox_id] = box
         latency, stuck = self.faults.creation_latency(), self.faults.stuck()
@@ -328,7 +354,7 @@ class ModalEmulator:
         async def make() -> None:
             box.backend_id = await self.backend.create(
                 box.image, env=box.env, cpu=box.cpu, memory_mb=box.memory_mb,
-                workdir=box.workdir, labels=box.tags,
+                workdir=box.workdir, labels=box.tags, network=box.network,
             )  # fmt: skip
 
         await asyncio.gather(asyncio.sleep(latency), make())

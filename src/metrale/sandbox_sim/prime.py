@@ -12,7 +12,10 @@ the route.
 A creation is answered at once with a PENDING sandbox; its real sandbox starts in the
 background after the injected latency (`faults`), then it is RUNNING. Over the creation rate
 or the quota: 429. A stuck creation stays PENDING until deleted. A sandbox deleted while its
-start is in flight is deleted when the start returns, as the real service must.
+start is in flight is deleted when the start returns, as the real service must. A sandbox
+has the host's network unless its creation's egress rules deny everything
+(`network_allowlist=[]`): then none but loopback; rules in between are refused (422), not
+approximated.
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ API = "/api/v1"
 #: the SDK's own bound on one status batch
 BATCH_MAX = 100
 DEFAULT_API_KEY = "sim-prime-key"
+#: denylist entries that deny all egress (the service's documented "deny all": the whole IPv4
+#: space, DNS included; `*` as its network command takes it)
+DENY_ALL = frozenset({"0.0.0.0/0", "*"})
 
 
 def _now() -> str:
@@ -57,6 +63,10 @@ class PrimeSandbox:
     timeout_minutes: int
     env: dict[str, str]
     labels: list[str]
+    #: the egress rules as created: `network_allowlist=[]` (or a denylist of everything) is
+    #: no network; neither list, the service's default, is the host's network
+    allowlist: list[str] | None = None
+    denylist: list[str] | None = None
     created_at: str = field(default_factory=_now)
     status: str = "PENDING"
     started_at: str | None = None
@@ -78,8 +88,34 @@ class PrimeSandbox:
             "timeoutMinutes": self.timeout_minutes, "environmentVars": self.env,
             "labels": self.labels, "createdAt": self.created_at, "updatedAt": _now(),
             "startedAt": self.started_at, "errorType": self.error_type,
-            "errorMessage": self.error_message,
+            "errorMessage": self.error_message, "networkAllowlist": self.allowlist,
+            "networkDenylist": self.denylist,
         }  # fmt: skip
+
+    @property
+    def network(self) -> bool:
+        return self.allowlist is None and not (set(self.denylist or ()) & DENY_ALL)
+
+
+def egress_rules(body: dict[str, Any]) -> tuple[list[str] | None, list[str] | None] | str:
+    """A creation's `(network_allowlist, network_denylist)`, or why the emulator refuses them.
+    It gives a sandbox the host's network or none, so it takes what it can keep exactly: no
+    lists, an empty allowlist, or a denylist that denies everything."""
+    allow, deny = body.get("network_allowlist"), body.get("network_denylist")
+    for name, value in (("network_allowlist", allow), ("network_denylist", deny)):
+        if value is not None and not (
+            isinstance(value, list) and all(isinstance(v, str) for v in value)
+        ):
+            return f"{name} must be a list of strings"
+    if allow is not None and deny is not None:
+        return "network_allowlist and network_denylist are mutually exclusive"
+    if allow or (deny and not set(deny) & DENY_ALL):
+        return (
+            "metrale sandbox-sim prime gives a sandbox the host's network or none; egress "
+            "rules other than none at all are not emulated (accepted: network_allowlist=[], "
+            "a network_denylist with 0.0.0.0/0, or neither)"
+        )
+    return allow, deny
 
 
 class PrimeEmulator(PrimeGateway, HttpEmulator):
@@ -140,6 +176,9 @@ class PrimeEmulator(PrimeGateway, HttpEmulator):
         image = body.get("docker_image")
         if not isinstance(image, str) or not image:
             return web.json_response({"detail": "docker_image is required"}, status=422)
+        rules = egress_rules(body)
+        if isinstance(rules, str):
+            return web.json_response({"detail": rules}, status=422)
         sandbox = PrimeSandbox(
             id=f"sb{uuid.uuid4().hex[:22]}",
             name=str(body.get("name", "")),
@@ -149,6 +188,8 @@ class PrimeEmulator(PrimeGateway, HttpEmulator):
             timeout_minutes=int(body.get("timeout_minutes", 60)),
             env={str(k): str(v) for k, v in (body.get("environment_vars") or {}).items()},
             labels=[str(label) for label in body.get("labels") or []],
+            allowlist=rules[0],
+            denylist=rules[1],
         )
         self.sandboxes[sandbox.id] = sandbox
         if key:
@@ -175,6 +216,7 @@ class PrimeEmulator(PrimeGateway, HttpEmulator):
                 cpu=sandbox.cpu,
                 memory_mb=max(64, int(sandbox.memory_gb * 1024)),
                 labels={"prime_id": sandbox.id},
+                network=sandbox.network,
             )
         except Exception as exc:
             sandbox.status, sandbox.error_type = "ERROR", "SANDBOX_START_FAILED"

@@ -23,6 +23,7 @@ from metrale.benchmarks.serve.session_metrics import live_by_task
 from metrale.benchmarks.terminal_bench.benchmark import TerminalBenchBenchmark
 from metrale.rollout import RolloutRecord
 from tests.benchmarks.agentic_webserver.conftest import warm_cargo  # noqa: F401 (a fixture)
+from tests.benchmarks.serve.test_sessions_cli import sim_counter
 from tests.conftest import run_cli, start_sim
 from tests.faults.helpers import count_lines, lines, spawn, stop, wait_for
 from tests.runtime.engine import require_engine
@@ -78,7 +79,10 @@ def test_fix_git_as_8_live_lanes_reports_per_turn_ttft_and_the_reward(
         done = run_cli(
             live_args(sim.url, out), timeout=600, env={**os.environ, "TMPDIR": str(temp)}
         )
+        answered = sim_counter(sim.url, "vllm:request_success_total")
     assert done.returncode == 0, done.stderr
+    # every call the sim answered is an agent's, on the record: no probe of serve's own
+    assert answered == len(lines(out / "requests.jsonl"))
     metrics = json.loads(done.stdout)["result"]["metrics"]
     sessions = lines(out / "sessions.jsonl")
     assert len(sessions) == 16

@@ -54,15 +54,19 @@ def test_bwrap_shares_the_host_network_exactly_when_the_task_allows_the_internet
     assert isinstance(config, BwrapConfig) and config.network is allowed
 
 
+@pytest.mark.parametrize("service", ["modal", "prime"])
 @pytest.mark.parametrize("given", [False, True])
 @pytest.mark.parametrize("allowed", [False, True])
-def test_modal_blocks_the_network_exactly_when_the_task_does_not_allow_the_internet(
-    given: bool, allowed: bool
+def test_a_remote_sandbox_has_its_network_exactly_when_the_task_allows_the_internet(
+    service: str, given: bool, allowed: bool
 ) -> None:
+    """modal's `block_network`, prime's `network_allowlist=[]`: both from `network`."""
     from metrale.runtime.modal import ModalConfig
+    from metrale.runtime.prime import PrimeConfig
 
-    config = ModalConfig(network=given).for_task(TaskSandbox(internet=allowed))
-    assert isinstance(config, ModalConfig) and config.network is allowed
+    kind = {"modal": ModalConfig, "prime": PrimeConfig}[service]
+    config = kind(network=given).for_task(TaskSandbox(internet=allowed))
+    assert isinstance(config, ModalConfig | PrimeConfig) and config.network is allowed
 
 
 class NoNetwork(DockerConfig):

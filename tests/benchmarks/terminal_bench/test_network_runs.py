@@ -2,11 +2,15 @@
 host's non-loopback address (there is no internet here; a network namespace tells the two
 apart: it is reachable from the host's network and from a container's bridge, not from a
 sandbox with loopback only), and a task's verifier tries to connect to it. The task that allows
-the internet reaches it, the one that does not cannot, on docker and on bwrap. The images this
-test builds (and bwrap's exported roots) are removed after it. Run under the engine lock."""
+the internet reaches it, the one that does not cannot, on docker, on bwrap, and on prime
+through the official SDK and `metrale sandbox-sim prime --backend docker` (the emulator keeps
+the egress rule the SDK sent: `network_allowlist=[]` for the offline task, none for the online
+one). The images this test builds (and bwrap's exported roots) are removed after it. Run under
+the engine lock."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -22,6 +26,7 @@ from tests.benchmarks.terminal_bench.helpers import write_task
 from tests.benchmarks.terminal_bench.test_benchmark import metrale
 from tests.runtime.conftest import HAVE_BWRAP
 from tests.runtime.engine import labelled_containers, require_engine
+from tests.runtime.prime_emulator import client_env, prime_emulator
 
 pytestmark = pytest.mark.slow
 
@@ -104,7 +109,7 @@ def remove_images(tags: set[str]) -> None:
             remove_rootfs(rootfs_cache() / image_id[:32])
 
 
-@pytest.mark.parametrize("runtime", ["docker", "bwrap"])
+@pytest.mark.parametrize("runtime", ["docker", "bwrap", "prime"])
 def test_a_task_reaches_the_host_network_exactly_when_it_allows_the_internet(
     tmp_path: Path, runtime: str, listener: tuple[str, int, list[str]]
 ) -> None:
@@ -119,9 +124,16 @@ def test_a_task_reaches_the_host_network_exactly_when_it_allows_the_internet(
     out = tmp_path / "run"
     tags: set[str] = set()
     try:
-        pid, done = metrale("run", "terminal_bench", "-p", f"task={data}", "-p", "agent=nop",
-                            "--runtime", runtime, "--out", str(out), "--json",
-                            timeout=600)  # fmt: skip
+        with contextlib.ExitStack() as remote:
+            if runtime == "prime":
+                pytest.importorskip("prime_sandboxes", reason="the prime extra is not installed")
+                emulator = remote.enter_context(prime_emulator("--backend", "docker"))
+                remote.enter_context(client_env(emulator))
+            pid, done = metrale("run", "terminal_bench", "-p", f"task={data}", "-p", "agent=nop",
+                                "--runtime", runtime, "--out", str(out), "--json",
+                                timeout=600)  # fmt: skip
+            if runtime == "prime":
+                assert emulator.left() == [], "the emulator still holds a sandbox"
         assert not labelled_containers(**{"metrale.sandbox.pid": str(pid)}), "a container is left"
         records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
         tags = {r["metrics"]["image"] for r in records if r["metrics"].get("image")}

@@ -282,7 +282,10 @@ class ServeBenchmark(BenchmarkBase):
                 self._log("warn", "the server has no tokenize endpoint: synthetic prompt "
                           f"lengths are approximate ({v['input_tokens']} tokens taken as "
                           f"{round(v['input_tokens'] / 1.3)} words)")  # fmt: skip
-        self._ignore_eos = v["ignore_eos"] and await self._accepts_ignore_eos()
+        # live agents' calls are the agent's own (no ignore_eos): nothing to probe for them
+        self._ignore_eos = (
+            v["ignore_eos"] and self._live is None and await self._accepts_ignore_eos()
+        )
         if self._live is not None:  # its image, its cache: once, before any level
             handle.on_status(f"live: {self._live.id}")
             await self._live.load(handle)
