@@ -63,7 +63,12 @@ def test_a_regular_file_still_reads_whole() -> None:
 
 
 def test_kill_commands_ends_a_setsid_daemon_and_the_container_goes_on() -> None:
-    beat = "setsid sh -c 'while :; do date +%s%N > /tmp/beat; sleep 0.01; done'"
+    # each beat replaces the file whole: a kill between a truncation and its write would
+    # otherwise leave it empty
+    beat = (
+        "setsid sh -c 'while :; do date +%s%N > /tmp/beat.new && mv /tmp/beat.new /tmp/beat; "
+        "sleep 0.01; done'"
+    )
 
     async def main() -> tuple[str, str, str]:
         async with create_runtime(runtime_config("docker")) as rt:

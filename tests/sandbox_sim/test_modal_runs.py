@@ -163,13 +163,23 @@ def test_a_creation_in_flight_when_cancelled_is_terminated() -> None:
     with start_modal_sim("--create-latency", "3,3") as modal_sim:
         got = _child(
             """
-            import asyncio, json
+            import asyncio, json, os, urllib.request
             from metrale.runtime import create_runtime, runtime_config
+
+            def created():
+                url = os.environ["METRALE_SANDBOX_SIM_STATE"]
+                with urllib.request.urlopen(url, timeout=10) as r:
+                    return json.load(r)["created"]
 
             async def main():
                 rt = create_runtime(runtime_config("modal"))
                 starting = asyncio.ensure_future(rt.start())
-                await asyncio.sleep(1)
+                # cancelled once the service holds the creation (pending for its 3 s), not
+                # after a fixed time: a loaded machine may not have sent it yet
+                for _ in range(1200):
+                    if await asyncio.to_thread(created) or starting.done():
+                        break
+                    await asyncio.sleep(0.05)
                 starting.cancel()
                 try:
                     await starting

@@ -8,6 +8,7 @@ Axum server on `$METRALE_HARNESS_PORT`), in bwrap (a network namespace each) and
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
@@ -19,9 +20,24 @@ from tests.conftest import run_cli, start_sim
 
 pytestmark = pytest.mark.slow
 GOOD = resources.files("metrale.benchmarks.agentic_webserver").joinpath("replays/good.jsonl")
+#: where good.jsonl's agent detaches its server's output, as the task's prompt shows it; in the
+#: subprocess cell (not a sandbox) that is the host's own /tmp
+HOST_LOG = Path("/tmp/server.log")
 
 
-def test_concurrent_agents_sweep_into_cells(warm_cargo: WarmCache, tmp_path: Path) -> None:
+@pytest.fixture
+def host_log() -> Iterator[None]:
+    """The test leaves nothing behind: the host file the subprocess cell's agents write is
+    removed after, unless it was there before."""
+    existed = HOST_LOG.exists()
+    yield
+    if not existed:
+        HOST_LOG.unlink(missing_ok=True)
+
+
+def test_concurrent_agents_sweep_into_cells(
+    warm_cargo: WarmCache, tmp_path: Path, host_log: None
+) -> None:
     out = tmp_path / "mx"
     with start_sim("--replay", str(GOOD)) as sim:
         done = run_cli(
