@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 
-from metrale.runtime import Runtime
-from metrale.runtime.base import SandboxLostError
+from metrale.runtime import Runtime, bwrap_runtime, create_runtime, runtime_config
+from metrale.runtime.base import RuntimeStartError, SandboxLostError
 from metrale.runtime.bwrap import BwrapRuntime
 from metrale.runtime.bwrap_exec import CONTROL, command_script
+from metrale.runtime.bwrap_setup import WORKDIR_PREFIX, leftover_workdirs
+from metrale.runtime.bwrap_watchdog import owner_prefix
 from tests.runtime.conftest import HAVE_BWRAP, in_bwrap, processes_with
 
 pytestmark = pytest.mark.skipif(not HAVE_BWRAP, reason="bwrap (bubblewrap) is not installed")
@@ -134,3 +137,37 @@ def test_a_sandbox_whose_executor_dies_is_lost() -> None:
             await rt.run("echo after")
 
     in_bwrap(body)
+
+
+@pytest.mark.parametrize("kind", ["directory", "symlink"])
+def test_a_control_dir_planted_in_advance_fails_the_start_and_is_left_alone(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/dev/shm is shared: whatever another user put where a sandbox's control directory goes
+    (a directory of theirs, or a link to one) makes the start fail, and metrale neither
+    changes it nor removes what is in it."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    (theirs / "keep.txt").write_text("mine")
+    planted = theirs if kind == "directory" else tmp_path / "planted"
+    if kind == "symlink":
+        planted.symlink_to(theirs)
+    monkeypatch.setattr(bwrap_runtime, "control_dir", lambda _workdir: planted)
+    before = _own_dirs()
+
+    async def main() -> None:
+        with pytest.raises(RuntimeStartError, match="cannot prepare"):
+            async with create_runtime(runtime_config("bwrap")):
+                pass
+
+    asyncio.run(main())
+    assert (theirs / "keep.txt").read_text() == "mine"
+    assert theirs.stat().st_mode & 0o777 == 0o755
+    assert _own_dirs() == before
+
+
+def _own_dirs() -> set[str]:
+    """This process's sandbox directories (other test workers' run beside it), but the
+    `/etc` copy it keeps for its life."""
+    own = owner_prefix(WORKDIR_PREFIX)
+    return {p.name for p in leftover_workdirs() if p.name.startswith(own) and "-etc-" not in p.name}

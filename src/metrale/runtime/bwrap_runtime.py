@@ -79,8 +79,8 @@ class BwrapRuntime(BwrapCommands):
     def __init__(self, config: BwrapConfig, throttle: Throttle | None = None) -> None:
         super().__init__(config, throttle)
         self.workdir = None
-        #: the executor's control directory (`bwrap_setup.control_dir`)
-        self.control = Path("/nonexistent")
+        #: the executor's control directory (`bwrap_setup.control_dir`), once made
+        self.control: Path | None = None
         if privileged():
             self.host_uid = self.host_gid = HOST_UID_BASE + secrets.randbelow(HOST_UID_RANGE)
         else:
@@ -112,9 +112,10 @@ class BwrapRuntime(BwrapCommands):
             self.workdir = Path(tempfile.mkdtemp(prefix=owner_prefix(WORKDIR_PREFIX), dir=tmp))
             # the executor's FIFOs: made by metrale, each owned by the sandbox's uid, in a
             # directory that uid can pass through, not list or write (read-only inside too)
-            self.control = control_dir(self.workdir)
-            self.control.mkdir(mode=0o711)
-            os.chmod(self.control, 0o711)
+            control = control_dir(self.workdir)
+            control.mkdir(mode=0o711)  # refuses whatever is there already (/dev/shm is shared)
+            os.chmod(control, 0o711)
+            self.control = control
         cgroup = None
         try:
             prepared = self._fill(tmp)
@@ -128,8 +129,7 @@ class BwrapRuntime(BwrapCommands):
         finally:
             with self._finish_lock:
                 if self._finished:
-                    shutil.rmtree(self.workdir, ignore_errors=True)
-                    shutil.rmtree(self.control, ignore_errors=True)
+                    self._remove_dirs()
                     if cgroup is not None:
                         cgroup.remove()
 
@@ -165,6 +165,8 @@ class BwrapRuntime(BwrapCommands):
             prepared = await asyncio.to_thread(self._prepare, tmp)
         except OSError as exc:
             raise RuntimeStartError(f"cannot prepare the sandbox's directories: {exc}") from exc
+        control = self.control
+        assert control is not None  # made by `_prepare`, or it raised
         read_fd, write_fd = os.pipe()
         try:
             argv = bwrap_argv(
@@ -172,7 +174,7 @@ class BwrapRuntime(BwrapCommands):
                 self.host_workdir,
                 write_fd,
                 prepared,
-                control=self.control,
+                control=control,
                 address_space=not self.bounds["memory"],
             )
         except BaseException:  # e.g. an image root gone since it was checked
@@ -210,7 +212,7 @@ class BwrapRuntime(BwrapCommands):
         line = await read_line(status, READY_TIMEOUT_S)
         assert self.workdir is not None
         owner = (self.host_uid, self.host_gid) if privileged() else None
-        self._executor = Executor(self.control, owner)
+        self._executor = Executor(control, owner)
         ready = b""
         if line:
             ready = await self._executor.attach(
@@ -258,10 +260,13 @@ class BwrapRuntime(BwrapCommands):
                 self._sandbox.close()
             if self._cgroup is not None:
                 self._cgroup.remove()
-            if self.workdir is not None:
-                shutil.rmtree(self.workdir, ignore_errors=True)
-                shutil.rmtree(self.control, ignore_errors=True)
+            self._remove_dirs()
             self._finished = True
+
+    def _remove_dirs(self) -> None:
+        for path in (self.workdir, self.control):
+            if path is not None:
+                shutil.rmtree(path, ignore_errors=True)
 
     async def _tear_down(self) -> None:
         """The sandbox's death awaited on the loop, through its pidfd, then `_finish` in a worker
