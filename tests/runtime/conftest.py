@@ -3,6 +3,7 @@ survives the test (scanning /proc cmdlines, no psutil)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -12,14 +13,16 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from metrale.runtime import Runtime, create_runtime, runtime_config
 from metrale.runtime.procs import kill_tree
 
-HAVE_BWRAP = shutil.which("bwrap") is not None and shutil.which("nsenter") is not None
+HAVE_BWRAP = shutil.which("bwrap") is not None
 
 
 def processes_with(marker: str) -> list[tuple[int, str]]:
@@ -128,3 +131,13 @@ def ray_cluster() -> Iterator[str]:
         # only this cluster's processes: every one inherits the marker in its environment
         kill_tree([], marker=f"METRALE_TEST_RAY={temp}".encode())
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def in_bwrap(body: Callable[[Runtime], Awaitable[Any]], **options: Any) -> Any:
+    """`body(rt)` in a started bwrap sandbox with `options`, stopped after."""
+
+    async def main() -> Any:
+        async with create_runtime(runtime_config("bwrap", **options)) as rt:
+            return await body(rt)
+
+    return asyncio.run(main())

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +23,9 @@ from metrale.rollout import RolloutPlan, run_rollouts
 from metrale.runtime import Runtime, check_runtime, create_runtime, runtime_config
 from metrale.runtime.bwrap import BwrapRuntime
 from metrale.runtime.cgroups import SandboxCgroup
-from tests.runtime.conftest import HAVE_BWRAP, processes_with
+from tests.runtime.conftest import HAVE_BWRAP, in_bwrap, processes_with
 
 pytestmark = pytest.mark.skipif(not HAVE_BWRAP, reason="bwrap (bubblewrap) is not installed")
-
-
-def in_bwrap(body: Callable[[Runtime], Awaitable[Any]], **options: Any) -> Any:
-    async def main() -> Any:
-        async with create_runtime(runtime_config("bwrap", **options)) as rt:
-            return await body(rt)
-
-    return asyncio.run(main())
 
 
 @pytest.fixture

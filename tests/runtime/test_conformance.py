@@ -249,8 +249,9 @@ def test_kill_commands_ends_every_process_and_keeps_the_sandbox(
 
 def _host_dirs() -> set[str]:
     """The host directories runtimes make for their sandboxes (workdirs, bwrap's /etc copy)."""
-    tmp = Path(tempfile.gettempdir())
-    return {p.name for prefix in ("metrale-sbx-", "metrale-bwrap-") for p in tmp.glob(f"{prefix}*")}
+    roots = (Path(tempfile.gettempdir()), Path("/dev/shm"))  # bwrap's control dirs: /dev/shm
+    prefixes = ("metrale-sbx-", "metrale-bwrap-")
+    return {p.name for tmp in roots for prefix in prefixes for p in tmp.glob(f"{prefix}*")}
 
 
 def test_a_stopped_sandbox_leaves_no_directory_on_the_host(

@@ -12,11 +12,13 @@ from typing import Any
 import pytest
 
 from metrale.runtime import spawn as spawn_module
-from metrale.runtime.bwrap_setup import GO, gate_argv
+from metrale.runtime.bwrap_setup import GATE, GO
 from metrale.runtime.procs import Limits, run_process
 from metrale.runtime.spawn import DEVNULL, PIPE, read_line, spawn
 
 ENV = {"PATH": "/usr/bin:/bin"}
+#: a shell that waits at the gate, then runs the rest with /dev/null as its stdin
+GATED = ["sh", "-c", f"{GATE} </dev/null", "sh"]
 
 
 def test_spawns_are_made_off_the_loops_thread_by_threads_that_stay(
@@ -64,7 +66,7 @@ def test_the_gate_holds_the_child_until_its_limits_are_set() -> None:
 
     async def main() -> str:
         result = await run_process(
-            [*gate_argv(stdin=False), "sh", "-c", "ulimit -t; ulimit -H -t; cat; echo end"],
+            [*GATED, "sh", "-c", "ulimit -t; ulimit -H -t; cat; echo end"],
             env=ENV, cwd=None, timeout=30, cap=4096,
             before_go=lambda pid: limits.apply(pid), go=GO,
         )  # fmt: skip
@@ -78,7 +80,7 @@ def test_the_gate_holds_the_child_until_its_limits_are_set() -> None:
 def test_the_gate_passes_what_follows_go_on_stdin() -> None:
     async def main() -> str:
         result = await run_process(
-            [*gate_argv(stdin=True), "cat"], env=ENV, cwd=None, timeout=30, cap=4096,
+            ["sh", "-c", GATE, "sh", "cat"], env=ENV, cwd=None, timeout=30, cap=4096,
             stdin=b"payload\n", go=GO,
         )  # fmt: skip
         return result.stdout
@@ -94,7 +96,7 @@ def test_a_failing_before_go_kills_and_reaps_the_child_and_raises() -> None:
         raise OSError(1, "no cgroup for you")
 
     async def main() -> None:
-        await spawn([*gate_argv(stdin=False), "sleep", "60"], env=ENV, cwd=None, stdin=PIPE,
+        await spawn([*GATED, "sleep", "60"], env=ENV, cwd=None, stdin=PIPE,
                     before_go=refuse, go=GO)  # fmt: skip
 
     with pytest.raises(OSError, match="no cgroup for you"):

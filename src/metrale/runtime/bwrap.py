@@ -1,21 +1,23 @@
 """The bwrap runtime: one bubblewrap sandbox per rollout, alive from `start()` to `stop()`.
 
-`start()` launches `bwrap ... cat` in new user, mount, PID, IPC, UTS, cgroup and network
+`start()` launches `bwrap ... sh` in new user, mount, PID, IPC, UTS, cgroup and network
 namespaces (loopback only unless `network`), system directories and a copy of a few `/etc`
 files (`bwrap_etc`) bound read-only, the sandbox's root read-only, the rollout's workdir
 writable at `/work`, sized tmpfs at `/tmp` and `/dev/shm` (the rest of `/dev` read-only),
-`--die-with-parent` and `--new-session`. It returns when `cat` inside echoes the line fed to
-it: bwrap's `--json-status-fd` gives the pid before the uid map is written, so only an answer
-from inside means ready.
+`--die-with-parent` and `--new-session`. That `sh` is the sandbox's executor (`bwrap_exec`),
+which forks every command. `start()` returns when it echoes the line fed to it: bwrap's
+`--json-status-fd` gives the pid before the uid map is written, so only an answer from inside
+means ready.
 
 What holds, and how:
 
 - **No secret of metrale's environment inside, nothing of a command's outside.** bwrap (the
-  sandbox's PID 1 is a fork of it) and every host-side wrapper (the gate `sh`, `nsenter`,
-  `setpriv`, `unshare`) are absolute paths from `TRUSTED_PATH` started with `SPAWN_ENV` only;
-  commands get `_env()` plus the config's `env` (`--env`, an image's `ENV`) and the call's,
-  set by `env -i` inside the sandbox. Nothing else of metrale's is in any process inside, and
-  no `PATH`/`LD_*`/`PYTHON*` of an image or a task reaches a process on the host.
+  sandbox's PID 1 is a fork of it) and every host-side wrapper (the gate `sh`, `setpriv`,
+  `unshare`) are absolute paths from `TRUSTED_PATH` started with `SPAWN_ENV` only; commands
+  get `_env()` plus the config's `env` (`--env`, an image's `ENV`) and the call's, exported
+  inside the sandbox by the executor's subshell just before the command's `exec`. Nothing
+  else of metrale's is in any process inside, and no `PATH`/`LD_*`/`PYTHON*` of an image or
+  a task reaches a process on the host.
 - **Nothing made inside carries privilege out.** As root, metrale runs bwrap itself as a fresh
   unprivileged host uid per sandbox (`setpriv --reuid`, no groups, no capabilities), so the
   sandbox user maps to that uid, never to 0: a setuid file made inside is setuid to a uid that
@@ -23,8 +25,10 @@ What holds, and how:
   `:U`); bind sources the uid could not reach (`/root/...` is 0700) are first bound by root
   into the sandbox's private staging dir in a private mount namespace (`unshare --mount`), so
   bwrap needs no access to the host path. Run as a normal user, bwrap maps that user, as ever.
-- **Commands enter only the live sandbox**: see `sandbox_proc` (verified namespace fds, never
-  a pid); a dead sandbox raises `SandboxLostError`, recorded on the rollout as `runtime_lost`.
+- **Commands run only inside the live sandbox**: the executor, the sandbox's own command,
+  forks them (`bwrap_exec`); nothing enters from the host, and a kill inside is checked to be
+  in the sandbox's PID namespace (`sandbox_proc`); a dead sandbox (its executor or PID 1 gone)
+  raises `SandboxLostError`, recorded on the rollout as `runtime_lost`.
 - **File transfer cannot be steered out**: see `beneath` (no symlink followed, ever); nor
   can the seed's copy into the workdir (`bwrap_seed`: an image's WORKDIR resolved inside the
   image, files and directories only, bounded by `seed_max_mb`).
@@ -36,17 +40,17 @@ What holds, and how:
   SIGKILLed metrale takes it along, with no window; `stop()` kills synchronously, and
   finishes waiting, cgroup removal and rmtree even when the awaiting task is cancelled.
 
-Each `run()` enters those namespaces with `nsenter` as uid 1000 of the sandbox's user namespace,
-in the sandbox's cgroups and under its rlimits (both set on the host shell while it waits at
-its gate, `bwrap_setup.GATE`), so a server started by one command is reachable on loopback by
-the next.
+Each `run()` is forked inside by the executor, as uid 1000 of the sandbox's user namespace, in
+the sandbox's cgroups (set on the start's host shell while it waits at its gate,
+`bwrap_setup.GATE`) and under the rlimits the executor set on itself before anything else ran,
+so a server started by one command is reachable on loopback by the next.
 
 Where each part lives: the config (`bwrap_config`), the host side of one sandbox and bwrap's
 argv (`bwrap_layout`), its life (`bwrap_runtime`), commands and files in it
-(`bwrap_commands`), the launch helpers (`bwrap_setup`), the `/etc` copy (`bwrap_etc`), the
-seed (`bwrap_seed`), the SIGKILL backstop (`bwrap_watchdog`), a killed run's leftovers
-(`bwrap_leftovers`). This module is the runtime's name: the entry point and the names others
-import.
+(`bwrap_commands`), the executor inside it (`bwrap_exec`), the launch helpers
+(`bwrap_setup`), the `/etc` copy (`bwrap_etc`), the seed (`bwrap_seed`), the SIGKILL backstop
+(`bwrap_watchdog`), a killed run's leftovers (`bwrap_leftovers`). This module is the runtime's
+name: the entry point and the names others import.
 """
 
 from typing import TYPE_CHECKING, Any

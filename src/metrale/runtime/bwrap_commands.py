@@ -1,7 +1,7 @@
-"""Commands and files in a live bwrap sandbox: each command enters the sandbox's namespaces
-with `nsenter` as uid 1000 of its user namespace, in its cgroups and under its rlimits (both
-set on the host shell while it waits at its gate, `bwrap_setup.GATE`), so a server started by
-one command is reachable on loopback by the next; files inside the workdir move on the host
+"""Commands and files in a live bwrap sandbox: each command is forked inside by the sandbox's
+executor (`bwrap_exec`), so it runs as uid 1000 of the sandbox's user namespace, in its
+cgroups and under its rlimits (set on the sandbox at its start), and a server started by one
+command is reachable on loopback by the next; files inside the workdir move on the host
 (`beneath`: no link followed), others through a command inside. The sandbox's life (start,
 stop) is `bwrap_runtime`'s, which builds on this class."""
 
@@ -12,14 +12,14 @@ import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from metrale.runtime.base import ProgramResult, RuntimeBase, SandboxLostError
 from metrale.runtime.beneath import SymlinkInPath, read_beneath, write_beneath
-from metrale.runtime.bwrap_setup import GO, SANDBOX_PATH, SANDBOX_UID, SPAWN_ENV, gate_argv
+from metrale.runtime.bwrap_exec import KILLED, Executor
+from metrale.runtime.bwrap_setup import SANDBOX_PATH
 from metrale.runtime.cgroups import SandboxCgroup
-from metrale.runtime.procs import killpg, run_process
-from metrale.runtime.sandbox_proc import SandboxProcess, close_all
+from metrale.runtime.sandbox_proc import SandboxProcess
 
 if TYPE_CHECKING:
     from metrale.runtime.bwrap_config import BwrapConfig
@@ -31,8 +31,8 @@ _READ_REGULAR = '[ -f "$0" ] || { echo "not a regular file" >&2; exit 1; }; exec
 
 
 class BwrapCommands(RuntimeBase):
-    """What a command needs of the sandbox: its entry (`_sandbox`), its cgroup, its limits,
-    its host uid; `start()` sets them (`bwrap_runtime.BwrapRuntime`)."""
+    """What a command needs of the sandbox: its executor, its PID 1 (`_sandbox`), its cgroup;
+    `start()` sets them (`bwrap_runtime.BwrapRuntime`)."""
 
     config: BwrapConfig
     #: the sandbox's host temp dir (`WORKDIR_PREFIX*`); `/work` is its `work/`
@@ -40,10 +40,9 @@ class BwrapCommands(RuntimeBase):
     host_uid: int
     host_gid: int
     _sandbox: SandboxProcess | None
+    _executor: Executor | None
     _cgroup: SandboxCgroup | None
     _stopped: bool
-    #: one set per command in flight, holding its process group id while it runs
-    _running: list[set[int]]
 
     @property
     def host_workdir(self) -> Path:
@@ -57,32 +56,6 @@ class BwrapCommands(RuntimeBase):
         """Which totals this sandbox's cgroup bounds (False: only the per-process rlimit)."""
         cg = self._cgroup
         return {"memory": bool(cg and cg.bounds_memory), "pids": bool(cg and cg.bounds_pids)}
-
-    def _enter(
-        self, argv: Sequence[str], cwd: str | None, env: Mapping[str, str], *, stdin: bool
-    ) -> tuple[list[str], list[int]]:
-        """The host argv that runs `argv` inside with exactly `env`, and the fds it must be
-        given. The host-side steps (the gate's `sh`, `nsenter`) are absolute paths run with
-        `SPAWN_ENV` (cgroups and limits are set on the waiting shell: `_before_command`); `env`
-        is set by `env -i` only once inside, so nothing of an image's or a command's
-        environment (`PATH`, `LD_PRELOAD`, `LD_DEBUG_OUTPUT`, ...) acts on a host process.
-        nsenter finds `env` in the sandbox's own root."""
-        if self._sandbox is None or self._stopped:
-            raise RuntimeError("bwrap runtime is not started")
-        fds = self._sandbox.open_entry()  # SandboxLostError when it is gone
-        if cwd:
-            argv = ["sh", "-c", 'cd -- "$0" && exec "$@"', cwd, *argv]
-        assignments = [f"{k}={v}" for k, v in env.items() if k and "=" not in k]
-        argv = ["env", "-i", "--", *assignments, *argv]
-        nsenter = SandboxProcess.nsenter_argv(fds, SANDBOX_UID, SANDBOX_UID)
-        return [*gate_argv(stdin=stdin), *nsenter, *argv], fds
-
-    def _before_command(self, pid: int) -> None:
-        """On the spawner thread, while the command's host shell waits at its gate: into the
-        sandbox's cgroups, under its limits (RLIMIT_AS only where no memory cgroup bounds it)."""
-        if self._cgroup is not None:
-            self._cgroup.enter(pid)
-        self.config.limits.apply(pid, address_space=not self.bounds["memory"])
 
     def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         env = {
@@ -106,43 +79,42 @@ class BwrapCommands(RuntimeBase):
         stdin: bytes | None = None,
         cap: int | None = None,
     ) -> ProgramResult:
-        running: set[int] = set()
-        self._running.append(running)
+        sandbox, executor = self._sandbox, self._executor
+        if sandbox is None or executor is None or self._stopped:
+            raise RuntimeError("bwrap runtime is not started")
+        if executor.ended.done() or not sandbox.whole():
+            await self._lost()
         try:
-            command, fds = self._enter(argv, cwd, self._env(env), stdin=stdin is not None)
-            try:
-                result = await run_process(
-                    command,
-                    env=SPAWN_ENV,
-                    cwd=None,
-                    timeout=timeout,
-                    cap=cap or self.config.output_cap_bytes,
-                    stdin=stdin,
-                    sessions=running,
-                    pass_fds=fds,
-                    before_go=self._before_command,
-                    go=GO,
-                )
-            finally:
-                close_all(fds)
-        finally:
-            self._running.remove(running)
-        await self._check_alive(result)
-        return result
-
-    async def _check_alive(self, result: ProgramResult) -> None:
-        """SandboxLostError when the sandbox died during the command: its result (killed with
-        everything else, or nsenter failing to fork in a dying PID namespace) is not the
-        command's. PID 1 dies shortly after the rest, so those two cases wait for it briefly."""
-        assert self._sandbox is not None
-        killed = result.exit_code < 0 and not result.timed_out  # e.g. by `kill -9 -1` inside
-        if killed or (result.exit_code != 0 and result.stderr.startswith("nsenter: ")):
-            for _ in range(100):  # PID 1 may still be on its way out: up to 1 s
-                if not self._sandbox.alive():
+            result = await executor.run(
+                argv,
+                env=self._env(env),
+                cwd=cwd,
+                timeout=timeout,
+                stdin=stdin,
+                cap=cap or self.config.output_cap_bytes,
+                cpu_s=self.config.limits.cpu_s,
+                kill_tree=sandbox.kill_tree,
+            )
+        except RuntimeError:  # the executor ended meanwhile
+            await self._lost()
+        if result.exit_code == KILLED:  # a kill inside (`kill -9 -1`) may take the executor
+            for _ in range(100):  # too, a moment later: up to 1 s
+                if executor.ended.done() or not sandbox.whole():
                     break
                 await asyncio.sleep(0.01)
-        if not self._sandbox.alive():
-            raise SandboxLostError("the sandbox died during the command (its PID 1 exited)")
+        if executor.ended.done() or not sandbox.whole():  # not the command's result: the
+            await self._lost()  # sandbox died under it
+        return result
+
+    async def _lost(self) -> NoReturn:
+        """The executor ended: so does the sandbox (its PID 1 follows its first child out,
+        shortly after). SandboxLostError either way, once PID 1 is gone or after 1 s."""
+        assert self._sandbox is not None
+        for _ in range(100):
+            if not self._sandbox.alive():
+                break
+            await asyncio.sleep(0.01)
+        raise SandboxLostError("the sandbox died during the command (its PID 1 exited)")
 
     async def execute(
         self,
@@ -155,14 +127,13 @@ class BwrapCommands(RuntimeBase):
         return await self._exec(argv, env=env, cwd=cwd, timeout=timeout)
 
     async def kill_commands(self) -> None:
-        """Every process in the sandbox's PID namespace but its PID 1 and `cat`, killed from
-        the host (no process started for it): a `setsid` daemon cannot hide from a namespace."""
-        if self._sandbox is None or self._stopped:
+        """Every process in the sandbox's PID namespace but its PID 1 and the executor, killed
+        from the host (no process started for it): a `setsid` daemon cannot hide from a
+        namespace. Commands in flight end as killed."""
+        if self._sandbox is None or self._executor is None or self._stopped:
             raise RuntimeError("bwrap runtime is not started")
-        for running in list(self._running):
-            for pgid in running:
-                killpg(pgid)
         await asyncio.to_thread(self._sandbox.kill_commands)
+        self._executor.killed_all()
         if not self._sandbox.alive():
             raise SandboxLostError("the sandbox died while its commands were killed")
 

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from metrale.runtime.base import RuntimeStartError
 from metrale.runtime.bwrap_etc import etc_view
+from metrale.runtime.bwrap_exec import CONTROL, executor_argv
 from metrale.runtime.bwrap_seed import SeedError, copy_seed, open_in_root
 from metrale.runtime.bwrap_setup import (
-    READY_COMMAND,
     SANDBOX_PATH,
     SANDBOX_UID,
     WORKDIR_PREFIX,
@@ -113,10 +113,19 @@ def _tmpfs(path: str, size_mb: int | None) -> list[str]:
 
 
 def bwrap_argv(
-    config: BwrapConfig, host_workdir: Path, status_fd: int, layout: Layout
+    config: BwrapConfig,
+    host_workdir: Path,
+    status_fd: int,
+    layout: Layout,
+    *,
+    control: Path,
+    address_space: bool = True,
 ) -> list[str]:
     """bwrap's argv: `layout.root` is where bwrap reaches `config.root` (its staging path, as
-    root); `layout.etc` the directory shown at `/etc` when there is no image root."""
+    root); `layout.etc` the directory shown at `/etc` when there is no image root; `control`
+    the executor's control directory, bound read-only at `CONTROL`; `address_space`: whether
+    the executor bounds each process's address space (where no memory cgroup bounds the
+    whole sandbox)."""
     cfg = config
     argv = [host_tool("bwrap"), "--unshare-all", "--unshare-user"]
     if cfg.network:
@@ -130,13 +139,15 @@ def bwrap_argv(
     for path in cfg.scratch:
         argv += _tmpfs(path, cfg.tmp_mb)
     argv += ["--bind", str(host_workdir), cfg.workdir]
+    argv += ["--ro-bind", str(control), CONTROL]
     for src, dst, writable in layout.binds:
         argv += ["--bind" if writable else "--ro-bind", src, dst]
     # the sandbox's own root (a tmpfs holding the mount points) is read-only too: only the
     # workdir, /tmp, /dev/shm and writable binds take writes
     argv += ["--remount-ro", "/"]
     argv += ["--chdir", cfg.workdir, "--clearenv", "--setenv", "PATH", SANDBOX_PATH]
-    # bwrap reports the pid before it writes the uid map: "ready" echoed from inside is
-    # the signal that commands can enter
-    argv += ["--json-status-fd", str(status_fd), "--", *READY_COMMAND]
+    # bwrap reports the pid before it writes the uid map: "ready" echoed from inside by the
+    # executor (the sandbox's own command, which forks every command) means it runs
+    executor = executor_argv(cfg.limits, address_space=address_space)
+    argv += ["--json-status-fd", str(status_fd), "--", *executor]
     return argv

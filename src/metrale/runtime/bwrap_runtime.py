@@ -22,6 +22,7 @@ from metrale.runtime import bwrap_setup
 from metrale.runtime.base import RuntimeStartError, Throttle
 from metrale.runtime.bwrap_commands import BwrapCommands
 from metrale.runtime.bwrap_etc import etc_view
+from metrale.runtime.bwrap_exec import Executor
 from metrale.runtime.bwrap_layout import Layout, bwrap_argv, fill
 from metrale.runtime.bwrap_setup import (
     GO,
@@ -31,6 +32,7 @@ from metrale.runtime.bwrap_setup import (
     SPAWN_ENV,
     WORKDIR_PREFIX,
     as_uid,
+    control_dir,
     privileged,
     sandbox_tmpdir,
     stage_argv,
@@ -77,14 +79,16 @@ class BwrapRuntime(BwrapCommands):
     def __init__(self, config: BwrapConfig, throttle: Throttle | None = None) -> None:
         super().__init__(config, throttle)
         self.workdir = None
+        #: the executor's control directory (`bwrap_setup.control_dir`), once made
+        self.control: Path | None = None
         if privileged():
             self.host_uid = self.host_gid = HOST_UID_BASE + secrets.randbelow(HOST_UID_RANGE)
         else:
             self.host_uid, self.host_gid = os.geteuid(), os.getegid()
         self.sandbox_pid: int | None = None
         self._sandbox = None
+        self._executor = None
         self._proc: Child | None = None
-        self._running = []
         self._stopped = False
         self._cgroup = None
         self._teardown: asyncio.Future[None] | None = None
@@ -106,6 +110,12 @@ class BwrapRuntime(BwrapCommands):
             if self._finished:
                 raise RuntimeStartError("the start was cancelled")
             self.workdir = Path(tempfile.mkdtemp(prefix=owner_prefix(WORKDIR_PREFIX), dir=tmp))
+            # the executor's FIFOs: made by metrale, each owned by the sandbox's uid, in a
+            # directory that uid can pass through, not list or write (read-only inside too)
+            control = control_dir(self.workdir)
+            control.mkdir(mode=0o711)  # refuses whatever is there already (/dev/shm is shared)
+            os.chmod(control, 0o711)
+            self.control = control
         cgroup = None
         try:
             prepared = self._fill(tmp)
@@ -119,7 +129,7 @@ class BwrapRuntime(BwrapCommands):
         finally:
             with self._finish_lock:
                 if self._finished:
-                    shutil.rmtree(self.workdir, ignore_errors=True)
+                    self._remove_dirs()
                     if cgroup is not None:
                         cgroup.remove()
 
@@ -142,6 +152,8 @@ class BwrapRuntime(BwrapCommands):
             self._stopped = True
             self._kill()
             self._finish()
+            if self._executor is not None:
+                self._executor.close()
             if self._proc is not None:
                 self._proc.close_pipes()
             raise
@@ -153,9 +165,18 @@ class BwrapRuntime(BwrapCommands):
             prepared = await asyncio.to_thread(self._prepare, tmp)
         except OSError as exc:
             raise RuntimeStartError(f"cannot prepare the sandbox's directories: {exc}") from exc
+        control = self.control
+        assert control is not None  # made by `_prepare`, or it raised
         read_fd, write_fd = os.pipe()
         try:
-            argv = bwrap_argv(self.config, self.host_workdir, write_fd, prepared)
+            argv = bwrap_argv(
+                self.config,
+                self.host_workdir,
+                write_fd,
+                prepared,
+                control=control,
+                address_space=not self.bounds["memory"],
+            )
         except BaseException:  # e.g. an image root gone since it was checked
             os.close(read_fd)
             os.close(write_fd)
@@ -164,7 +185,8 @@ class BwrapRuntime(BwrapCommands):
         # still is, after the death signal is armed: no preexec_fn, so no fork() on the loop
         uid = self.host_uid if privileged() else None
         argv = [*stage_argv(prepared.staging), *as_uid(uid, os.getpid()), *argv]
-        # moved into its cgroups by the spawner while the shell after setpriv waits at its gate
+        # moved into its cgroups by the spawner while the shell after setpriv waits at its
+        # gate: every command, forked inside by the executor, inherits them and its rlimits
         enter = self._cgroup.enter if self._cgroup is not None else None
         try:
             self._proc = await spawned(
@@ -186,10 +208,16 @@ class BwrapRuntime(BwrapCommands):
         finally:
             os.close(write_fd)
         assert self._proc.stdin is not None and self._proc.stdout is not None
-        os.write(self._proc.stdin.fileno(), b"ready\n")  # 6 bytes into an empty pipe
         status = os.fdopen(read_fd, "rb", 0)
         line = await read_line(status, READY_TIMEOUT_S)
-        ready = await read_line(self._proc.stdout, READY_TIMEOUT_S) if line else b""
+        assert self.workdir is not None
+        owner = (self.host_uid, self.host_gid) if privileged() else None
+        self._executor = Executor(control, owner)
+        ready = b""
+        if line:
+            ready = await self._executor.attach(
+                self._proc.stdin, self._proc.stdout, READY_TIMEOUT_S
+            )
         try:
             pid: int | None = int(json.loads(line)["child-pid"])
         except (ValueError, KeyError, TypeError):
@@ -213,11 +241,8 @@ class BwrapRuntime(BwrapCommands):
         return text.splitlines()[-1] if text else f"exit {self._proc.returncode}"
 
     def _kill(self) -> None:
-        """Synchronous: SIGKILL the commands in flight, bwrap, and the sandbox's PID 1 (whose
-        death makes the kernel kill everything left in its PID namespace)."""
-        for running in list(self._running):
-            for pgid in running:
-                killpg(pgid)
+        """Synchronous: SIGKILL bwrap and the sandbox's PID 1 (whose death makes the kernel
+        kill everything left in its PID namespace, the executor and every command)."""
         if self._proc is not None and self._proc.returncode is None:
             killpg(self._proc.pid)
         if self._sandbox is not None and self._sandbox.pidfd >= 0:
@@ -235,9 +260,13 @@ class BwrapRuntime(BwrapCommands):
                 self._sandbox.close()
             if self._cgroup is not None:
                 self._cgroup.remove()
-            if self.workdir is not None:
-                shutil.rmtree(self.workdir, ignore_errors=True)
+            self._remove_dirs()
             self._finished = True
+
+    def _remove_dirs(self) -> None:
+        for path in (self.workdir, self.control):
+            if path is not None:
+                shutil.rmtree(path, ignore_errors=True)
 
     async def _tear_down(self) -> None:
         """The sandbox's death awaited on the loop, through its pidfd, then `_finish` in a worker
@@ -276,4 +305,6 @@ class BwrapRuntime(BwrapCommands):
             except Exception as exc:  # killed above: only a stuck reaper is left to wait for
                 logger.warning("bwrap pid %d: no exit status 5 s after its kill: %r",
                                self._proc.pid, exc)  # fmt: skip
+            if self._executor is not None:
+                self._executor.close()
             self._proc.close_pipes()

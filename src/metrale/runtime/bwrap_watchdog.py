@@ -57,7 +57,7 @@ def kill(p):
         pass
 for delay in (0,) if clean else (0, 1, 3):
     time.sleep(delay)
-    dirs = [str(d) for d in tmp.glob(prefix + "*")]
+    dirs = [str(d) for root in (tmp, Path("/dev/shm")) for d in root.glob(prefix + "*")]
     for e in os.listdir("/proc"):
         if e.isdigit() and int(e) != os.getpid():
             try:

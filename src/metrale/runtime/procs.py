@@ -45,7 +45,7 @@ HOST_ENV_ALLOW = (
 
 PR_SET_PDEATHSIG = 1
 
-#: Where metrale looks up the host tools it runs itself (`sh`, `prlimit`, `nsenter`, `setpriv`,
+#: Where metrale looks up the host tools it runs itself (`sh`, `prlimit`, `setpriv`,
 #: `bwrap`, ...): system directories only, never a PATH that an image, a task or a command's
 #: environment could have set.
 TRUSTED_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -171,7 +171,7 @@ class CappedBuffer:
         return (bytes(self.head) + tail).decode("utf-8", "replace")
 
 
-class _Capture(asyncio.Protocol):
+class Capture(asyncio.Protocol):
     """Collects one pipe of a child into a capped buffer; `closed` completes at its EOF."""
 
     def __init__(self, buffer: CappedBuffer) -> None:
@@ -186,7 +186,7 @@ class _Capture(asyncio.Protocol):
             self.closed.set_result(None)
 
 
-def _returning(protocol: _Capture) -> Callable[[], _Capture]:
+def _returning(protocol: Capture) -> Callable[[], Capture]:
     return lambda: protocol
 
 
@@ -258,7 +258,7 @@ async def run_process(
     try:
         captures = []
         for pipe, buffer in ((child.stdout, out), (child.stderr, err)):
-            capture = _Capture(buffer)
+            capture = Capture(buffer)
             reading, _ = await loop.connect_read_pipe(_returning(capture), pipe)
             transports.append(reading)
             captures.append(capture.closed)
@@ -287,8 +287,16 @@ async def run_process(
             transport.close()
         child.close_pipes()
     code = child.returncode
+    return captured(code if code is not None else -1, out, err, timed_out, started)
+
+
+def captured(
+    code: int, out: CappedBuffer, err: CappedBuffer, timed_out: bool, started: float
+) -> ProgramResult:
+    """The result of a command whose output `out` and `err` hold, begun at `started`
+    (`time.perf_counter()`); a timed-out one's code is 124."""
     return ProgramResult(
-        exit_code=124 if timed_out else (code if code is not None else -1),
+        exit_code=124 if timed_out else code,
         stdout=out.text(),
         stderr=err.text(),
         timed_out=timed_out,

@@ -1,13 +1,12 @@
-"""The sandbox's PID 1, held by a pidfd, and entering its namespaces without trusting a pid.
+"""The sandbox's PID 1, held by a pidfd, and killing inside its PID namespace without trusting
+a pid.
 
-`nsenter -t PID` opens `/proc/PID/ns/*` by number: if the sandbox died (`kill -9 -1` inside)
-and the host reused its pid, the command would join a host process's namespaces and run on the
-host. Here every entry opens the namespace files, root and cwd of `/proc/PID` itself and only
-then asks the pidfd (taken once, at start, while the sandbox was known alive) whether that
-process still lives: if it does, the pid cannot have been reused in between, so the fds are the
-sandbox's; if not, `SandboxLostError`. nsenter then gets those fds (`--user=/proc/self/fd/N`,
-...), never the pid, so nothing after the check can swap what it joins. No window is left: a
-pidfd alone does not stop reuse, checking after opening does.
+A pid alone names whatever process holds that number now: once the sandbox died (`kill -9 -1`
+inside), the host may have reused it. So the pidfd taken at start (while the sandbox was known
+alive) says whether PID 1 still lives, and every process killed here is first checked to be
+in the sandbox's PID namespace, before and after its pidfd is taken, and is signalled through
+that pidfd: a pid the host reused in between is never signalled. Commands never enter from
+the host: the sandbox's own command forks them (`bwrap_exec`).
 """
 
 from __future__ import annotations
@@ -21,19 +20,11 @@ import time
 from pathlib import Path
 
 from metrale.runtime.base import SandboxLostError
-from metrale.runtime.procs import host_tool
 
 #: ioctl on a namespace fd returning an fd of its parent (linux/nsfs.h: _IO(0xb7, 0x2)).
 NS_GET_PARENT = 0xB702
 #: PID namespaces nest at most 32 deep.
 MAX_PID_NS_DEPTH = 33
-
-#: /proc/PID/ns entries and the nsenter option joining each (the user namespace is joined last
-#: by nsenter when it runs as root, so the others are joined with the host's privileges).
-NAMESPACES = (
-    ("user", "--user"), ("mnt", "--mount"), ("pid", "--pid"), ("net", "--net"),
-    ("ipc", "--ipc"), ("uts", "--uts"), ("cgroup", "--cgroup"),
-)  # fmt: skip
 
 
 class SandboxProcess:
@@ -52,10 +43,11 @@ class SandboxProcess:
                 raise RuntimeError(f"pid {pid} is not the sandbox bwrap reported")
             if not self.alive():
                 raise RuntimeError(f"the sandbox (pid {pid}) exited during start")
-            #: the sandbox's own command (bwrap's first child, the ready `cat`): PID 1 exits
+            #: the sandbox's own command (bwrap's first child, the executor): PID 1 exits
             #: when it does, so `kill_commands` spares it; read now, before any command ran,
             #: since orphans are reparented to PID 1 later
             self.keep = _children(pid)
+            self._own = [os.pidfd_open(p) for p in self.keep]
         except BaseException:
             self.close()
             raise
@@ -68,6 +60,16 @@ class SandboxProcess:
         poller.register(self.pidfd, select.POLLIN)
         return not poller.poll(0)
 
+    def whole(self) -> bool:
+        """Whether PID 1 and its own command (the executor) both live: once the executor has
+        exited, PID 1 follows it out, so the sandbox is lost already."""
+        if not self.alive():
+            return False
+        poller = select.poll()
+        for fd in self._own:
+            poller.register(fd, select.POLLIN)
+        return not poller.poll(0)
+
     def wait(self, timeout_s: float) -> bool:
         """Blocking: whether the process exited within `timeout_s`."""
         if self.pidfd < 0:
@@ -76,38 +78,10 @@ class SandboxProcess:
         poller.register(self.pidfd, select.POLLIN)
         return bool(poller.poll(int(timeout_s * 1000)))
 
-    def open_entry(self) -> list[int]:
-        """fds of the sandbox's namespaces, then its root and cwd: verified (see the module
-        docstring), so nsenter on them can only enter this sandbox. The caller closes them."""
-        fds: list[int] = []
-        try:
-            for name, _ in NAMESPACES:
-                fds.append(os.open(f"/proc/{self.pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC))
-            for name in ("root", "cwd"):
-                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-                fds.append(os.open(f"/proc/{self.pid}/{name}", flags))
-        except OSError:
-            close_all(fds)
-            raise SandboxLostError("the sandbox is gone (its PID 1 exited)") from None
-        if not self.alive():
-            close_all(fds)
-            raise SandboxLostError("the sandbox is gone (its PID 1 exited)")
-        return fds
-
-    @staticmethod
-    def nsenter_argv(fds: list[int], uid: int, gid: int) -> list[str]:
-        """nsenter joining exactly the namespaces, root and cwd held by `fds` (from
-        `open_entry`, passed to the child), as `uid`/`gid` of the sandbox, no capabilities."""
-        argv = [host_tool("nsenter")]
-        argv += [f"{opt}=/proc/self/fd/{fd}" for (_, opt), fd in zip(NAMESPACES, fds, strict=False)]
-        root, cwd = fds[len(NAMESPACES)], fds[len(NAMESPACES) + 1]
-        argv += [f"--root=/proc/self/fd/{root}", f"--wd=/proc/self/fd/{cwd}"]
-        return [*argv, "-S", str(uid), "-G", str(gid), "--"]
-
     def kill_commands(self, rounds: int = 500) -> int:
         """Blocking: SIGKILL every process of the sandbox's PID namespace but PID 1 and its own
         command, scanning again until a scan finds none alive (a killed process is found again
-        until it has exited: a zombie has no namespace left to match), so on return all are
+        until it has exited; zombies are skipped: they hold nothing), so on return all are
         gone. Returns how many signals were sent; OSError when some outlive every round.
 
         Each candidate is checked twice around taking its pidfd (in the namespace before and
@@ -122,7 +96,7 @@ class SandboxProcess:
         for _ in range(rounds):
             found = 0
             for entry in os.listdir("/proc"):
-                if not entry.isdigit() or int(entry) in spared:
+                if not entry.isdigit() or int(entry) in spared or _dead(entry):
                     continue
                 fd = _pidfd_in(int(entry), key)
                 if fd is None:
@@ -137,11 +111,41 @@ class SandboxProcess:
             time.sleep(0.002)
         raise OSError(f"processes of the sandbox outlived {rounds} rounds of SIGKILL")
 
+    def kill_tree(self, nspid: int, rounds: int = 500) -> int:
+        """Blocking: SIGKILL the process that is `nspid` in the sandbox's PID namespace and
+        every process descending from it, scanning again until none is left alive (a process
+        whose parent died before a scan found it is reparented to PID 1 and escapes this, as
+        a `setsid` daemon escapes a process group kill; `kill_commands` ends those). PID 1 and
+        the sandbox's own command are never signalled. Returns how many signals were sent."""
+        try:
+            ns = os.stat(f"/proc/{self.pid}/ns/pid")
+        except OSError:
+            return 0  # the sandbox is gone, and everything in it
+        key = (ns.st_dev, ns.st_ino)
+        spared = {self.pid, *self.keep}
+        sent = 0
+        for _ in range(rounds):
+            tree = _tree(nspid, key, spared)
+            if not tree:
+                return sent
+            for pid in tree:
+                fd = _pidfd_in(pid, key)
+                if fd is None:
+                    continue
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    sent += 1
+                os.close(fd)
+            time.sleep(0.002)
+        raise OSError(f"processes of a command outlived {rounds} rounds of SIGKILL")
+
     def close(self) -> None:
-        if self.pidfd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self.pidfd)
-            self.pidfd = -1
+        for fd in (self.pidfd, *getattr(self, "_own", ())):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.pidfd = -1
+        self._own = []
 
 
 def _children(pid: int) -> set[int]:
@@ -155,6 +159,50 @@ def _children(pid: int) -> set[int]:
                 if int(raw[raw.rfind(b")") + 2 :].split()[1]) == pid:
                     found.add(int(entry))
         return found
+
+
+def _tree(nspid: int, ns: tuple[int, int], spared: set[int]) -> set[int]:
+    """Host pids of the live process that is `nspid` in PID namespace `ns` and of its live
+    descendants (a zombie's `NSpid` is still shown: skipped, it holds nothing)."""
+    parents: dict[int, int] = {}
+    root = None
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in spared:
+            continue
+        try:
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        nspids = fields.get("NSpid", "").split()
+        if fields.get("State", "Z")[0] in "ZX" or len(nspids) < 2:
+            continue
+        if not _same_ns(int(entry), ns):
+            continue
+        parents[int(entry)] = int(fields.get("PPid", "0"))
+        if nspids[1] == str(nspid):  # the sandbox's level, below metrale's own
+            root = int(entry)
+    if root is None:
+        return set()
+    tree = {root}
+    grew = True
+    while grew:
+        grew = False
+        for pid, parent in parents.items():
+            if parent in tree and pid not in tree:
+                tree.add(pid)
+                grew = True
+    return tree
+
+
+def _dead(pid: str) -> bool:
+    """Whether `pid` has exited (a zombie waiting for its parent, whom the executor, blocked
+    reading its next script, may not be for a while) or is gone: nothing to kill."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return True
+    return raw[raw.rfind(b")") + 2 : raw.rfind(b")") + 3] in (b"Z", b"X")
 
 
 def _same_ns(pid: int, ns: tuple[int, int]) -> bool:
@@ -192,9 +240,3 @@ def _pidfd_in(pid: int, ns: tuple[int, int]) -> int | None:
         os.close(fd)
         return None
     return fd
-
-
-def close_all(fds: list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)

@@ -1,0 +1,173 @@
+"""The bwrap sandbox's executor (`bwrap_exec`): commands forked inside by the sandbox's own
+command. What the route must keep of a command entered from the host: its arguments and
+environment exactly, nothing of metrale's or of another command's, its own exit status, its
+timeout and kill, several at once, and a sandbox whose process count does not grow."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from metrale.runtime import Runtime, bwrap_runtime, create_runtime, runtime_config
+from metrale.runtime.base import RuntimeStartError, SandboxLostError
+from metrale.runtime.bwrap import BwrapRuntime
+from metrale.runtime.bwrap_exec import CONTROL, command_script
+from metrale.runtime.bwrap_setup import WORKDIR_PREFIX, leftover_workdirs
+from metrale.runtime.bwrap_watchdog import owner_prefix
+from tests.runtime.conftest import HAVE_BWRAP, in_bwrap, processes_with
+
+pytestmark = pytest.mark.skipif(not HAVE_BWRAP, reason="bwrap (bubblewrap) is not installed")
+
+
+def test_arguments_and_environment_arrive_verbatim() -> None:
+    odd = ["a b", "new\nline", "'single'", '"double"', "$HOME", "`id`", "\\n", "-", "", "*"]
+    env = {"QUOTED": 'it\'s "x" $PATH `id`\nsecond', "EMPTY": "", "dotted.name": "kept"}
+
+    async def body(rt: Runtime) -> tuple[str, str]:
+        args = await rt.run(["printf", "%s\\0", *odd])
+        seen = await rt.run(["env"], env=env)
+        return args.stdout, seen.stdout
+
+    args, seen = in_bwrap(body)
+    assert args.split("\0")[:-1] == odd
+    # a name no shell can export still arrives (`env -i` sets the environment then)
+    assert {'QUOTED=it\'s "x" $PATH `id`', "second", "EMPTY=", "dotted.name=kept"} <= set(
+        seen.splitlines()
+    )
+
+
+def test_a_script_is_one_line_whatever_the_command_holds() -> None:
+    script = command_script(7, ["printf", "a\nb\n\n"], {"V": "x\ny"}, "/w\nd", 5, stdin=True)
+    assert script.endswith("\n") and script.count("\n") == 1
+
+
+def test_a_null_byte_is_refused_as_by_exec() -> None:
+    with pytest.raises(ValueError, match="null byte"):
+        command_script(1, ["echo", "a\0b"], {}, None, None, stdin=False)
+
+
+def test_a_command_holds_only_its_own_three_fds_and_cannot_touch_the_control_dir() -> None:
+    async def body(rt: Runtime) -> tuple[str, str, str]:
+        fds = await rt.run("for f in /proc/self/fd/*; do echo ${f##*/}; done")
+        listed = await rt.run(f"ls {CONTROL} 2>&1; touch {CONTROL}/x 2>&1; echo end")
+        w = await rt.run("ls -l /proc/$PPID/fd | grep -c pipe; echo $?")
+        return fds.stdout, listed.stdout, w.stdout
+
+    fds, listed, _ = in_bwrap(body)
+    # 0, 1, 2, and the directory the shell's glob holds open while it lists
+    assert sorted(fds.split())[:3] == ["0", "1", "2"] and len(fds.split()) <= 4
+    assert "Permission denied" in listed and "Read-only file system" in listed
+
+
+def test_several_commands_at_once_each_get_their_own_output_and_status() -> None:
+    async def body(rt: Runtime) -> list[tuple[int, str, str]]:
+        results = await asyncio.gather(
+            *(
+                rt.run(f"sleep 0.{i % 3}; echo out-{i}; echo err-{i} >&2; exit {i}")
+                for i in range(12)
+            )
+        )
+        return [(r.exit_code, r.stdout, r.stderr) for r in results]
+
+    for i, (code, out, err) in enumerate(in_bwrap(body)):
+        assert (code, out, err) == (i, f"out-{i}\n", f"err-{i}\n")
+
+
+def test_stdin_larger_than_a_pipe_arrives_whole() -> None:
+    payload = b"".join(b"line %07d\n" % i for i in range(80_000))  # 1 MiB
+
+    async def body(rt: Runtime) -> bytes:
+        await rt.write("/tmp/big.txt", payload)  # outside the workdir: through a command's stdin
+        return await rt.read("/tmp/big.txt")
+
+    assert in_bwrap(body) == payload
+
+
+def test_a_killed_command_is_reported_killed_and_the_sandbox_goes_on(marker: str) -> None:
+    async def body(rt: Runtime) -> tuple[int, int, str]:
+        # the command's subshell kills the process that would answer for it
+        killed = await rt.run("kill -9 $PPID", timeout=30)
+        hung = asyncio.ensure_future(rt.run(f"sleep {marker}; echo never"))
+        await asyncio.sleep(0.5)
+        await rt.kill_commands()  # a command in flight ends with it, without its timeout
+        cut = await asyncio.wait_for(hung, 10)
+        after = await rt.run("echo still here")
+        return killed.exit_code, cut.exit_code, after.stdout
+
+    assert in_bwrap(body) == (137, 137, "still here\n")
+
+
+def test_a_timeout_kills_the_commands_whole_tree_and_nothing_else(marker: str) -> None:
+    async def body(rt: Runtime) -> tuple[bool, int, int]:
+        kept, child, grandchild = (f"{marker}{i}" for i in range(1, 4))  # sleep's seconds
+        server = await rt.run(f"(sleep {kept} &) ; echo started")
+        assert server.stdout == "started\n"
+        result = await rt.run(f"sleep {child} & sh -c 'sleep {grandchild}'", timeout=1)
+        deadline = time.monotonic() + 5
+        while processes_with(child) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        tree = len(processes_with(child)) + len(processes_with(grandchild))
+        return result.timed_out, tree, len(processes_with(kept))
+
+    # the earlier command's daemon (reparented to PID 1) is not this command's to kill
+    assert in_bwrap(body) == (True, 0, 1)
+
+
+def test_many_commands_leave_no_process_behind_within_a_small_process_limit() -> None:
+    async def body(rt: Runtime) -> tuple[list[int], int]:
+        codes = [(await rt.run(["true"])).exit_code for _ in range(150)]
+        count = await rt.run("ls -d /proc/[0-9]* | wc -l")
+        return codes, int(count.stdout)
+
+    codes, count = in_bwrap(body, max_procs=16)
+    assert codes == [0] * 150
+    # PID 1, the executor, at most a few answered commands not yet reaped, and the count's own
+    assert count <= 8
+
+
+def test_a_sandbox_whose_executor_dies_is_lost() -> None:
+    async def body(rt: Runtime) -> None:
+        assert isinstance(rt, BwrapRuntime)
+        with pytest.raises(SandboxLostError):
+            await rt.run("kill -9 $(cat /proc/1/task/1/children)")
+        with pytest.raises(SandboxLostError):
+            await rt.run("echo after")
+
+    in_bwrap(body)
+
+
+@pytest.mark.parametrize("kind", ["directory", "symlink"])
+def test_a_control_dir_planted_in_advance_fails_the_start_and_is_left_alone(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/dev/shm is shared: whatever another user put where a sandbox's control directory goes
+    (a directory of theirs, or a link to one) makes the start fail, and metrale neither
+    changes it nor removes what is in it."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    (theirs / "keep.txt").write_text("mine")
+    planted = theirs if kind == "directory" else tmp_path / "planted"
+    if kind == "symlink":
+        planted.symlink_to(theirs)
+    monkeypatch.setattr(bwrap_runtime, "control_dir", lambda _workdir: planted)
+    before = _own_dirs()
+
+    async def main() -> None:
+        with pytest.raises(RuntimeStartError, match="cannot prepare"):
+            async with create_runtime(runtime_config("bwrap")):
+                pass
+
+    asyncio.run(main())
+    assert (theirs / "keep.txt").read_text() == "mine"
+    assert theirs.stat().st_mode & 0o777 == 0o755
+    assert _own_dirs() == before
+
+
+def _own_dirs() -> set[str]:
+    """This process's sandbox directories (other test workers' run beside it), but the
+    `/etc` copy it keeps for its life."""
+    own = owner_prefix(WORKDIR_PREFIX)
+    return {p.name for p in leftover_workdirs() if p.name.startswith(own) and "-etc-" not in p.name}
