@@ -100,6 +100,17 @@ def test_a_killed_command_is_reported_killed_and_the_sandbox_goes_on(marker: str
     assert in_bwrap(body) == (137, 137, "still here\n")
 
 
+def test_a_command_that_exits_137_itself_is_answered_at_once() -> None:
+    async def body(rt: Runtime) -> tuple[int, float]:
+        started = time.perf_counter()
+        result = await rt.run("exit 137")
+        return result.exit_code, time.perf_counter() - started
+
+    code, took = in_bwrap(body)
+    # its W answered: no wait to tell a lost sandbox from a killed command
+    assert code == 137 and took < 0.9
+
+
 def test_a_timeout_kills_the_commands_whole_tree_and_nothing_else(marker: str) -> None:
     async def body(rt: Runtime) -> tuple[bool, int, int]:
         kept, child, grandchild = (f"{marker}{i}" for i in range(1, 4))  # sleep's seconds

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from metrale.runtime.base import ProgramResult, RuntimeBase, SandboxLostError
 from metrale.runtime.beneath import SymlinkInPath, read_beneath, write_beneath
-from metrale.runtime.bwrap_exec import KILLED, Executor
+from metrale.runtime.bwrap_exec import Executor
 from metrale.runtime.bwrap_setup import SANDBOX_PATH
 from metrale.runtime.cgroups import SandboxCgroup
 from metrale.runtime.sandbox_proc import SandboxProcess
@@ -97,11 +97,6 @@ class BwrapCommands(RuntimeBase):
             )
         except RuntimeError:  # the executor ended meanwhile
             await self._lost()
-        if result.exit_code == KILLED:  # a kill inside (`kill -9 -1`) may take the executor
-            for _ in range(100):  # too, a moment later: up to 1 s
-                if executor.ended.done() or not sandbox.whole():
-                    break
-                await asyncio.sleep(0.01)
         if executor.ended.done() or not sandbox.whole():  # not the command's result: the
             await self._lost()  # sandbox died under it
         return result

@@ -88,6 +88,9 @@ ANSWER_MAX = 128
 #: taken as killed (W ends right after that answer, so it is normally already on its way).
 ANSWER_GRACE_S = 0.2
 KILLED = 137
+#: How long a command whose W was killed waits to see whether the executor ended too (the
+#: sandbox was lost, not just the command killed).
+LOST_GRACE_S = 1.0
 #: Kills the process tree of a pid of the sandbox (`SandboxProcess.kill_tree`; blocking).
 KillTree = Callable[[int], object]
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -349,6 +352,9 @@ class Executor:
         if not command.exited.done():  # W's ends closed: its answer is due, or it died
             with contextlib.suppress(TimeoutError):
                 await _first(ANSWER_GRACE_S, command.exited)
+        if not command.exited.done():  # W was killed: by a kill inside (`kill -9 -1`) that
+            with contextlib.suppress(TimeoutError):  # takes the executor too, a moment
+                await _first(LOST_GRACE_S, self.ended)  # later, or by one that does not
         code = command.exited.result() if command.exited.done() else KILLED
         # background children may still hold the FIFOs: take what is there, then let go
         with contextlib.suppress(TimeoutError):
