@@ -172,7 +172,7 @@ class _Answers(asyncio.Protocol):
 
 class Executor:
     """The host's side of one sandbox's executor: its stdin (scripts) and stdout (answers)
-    as pipe transports, the control directory (`<workdir>/ctl` on the host), the sandbox's
+    as pipe transports, the control directory (`bwrap_setup.control_dir`), the sandbox's
     host uid (the FIFOs' owner) and the commands in flight."""
 
     def __init__(self, control: Path, owner: tuple[int, int] | None) -> None:
@@ -206,8 +206,8 @@ class Executor:
             self._answers.set_result(line + b"\n")
             return
         parts = line.split(b" ")
-        if len(parts) not in (2, 3) or not parts[0].isdigit():
-            return
+        if len(line) > ANSWER_MAX or len(parts) not in (2, 3) or not parts[0].isdigit():
+            return  # not an answer of the executor's (a process inside can write here too)
         command = self._pending.get(int(parts[0]))
         if command is None:
             return
