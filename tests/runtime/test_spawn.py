@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import threading
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 
 from metrale.runtime import spawn as spawn_module
 from metrale.runtime.bwrap_setup import GATE, GO
-from metrale.runtime.procs import Limits, run_process
+from metrale.runtime.procs import run_process
 from metrale.runtime.spawn import DEVNULL, PIPE, read_line, spawn
 
 ENV = {"PATH": "/usr/bin:/bin"}
@@ -62,13 +63,15 @@ def test_a_child_is_reaped_with_its_exit_code_and_its_output_read() -> None:
 
 def test_the_gate_holds_the_child_until_its_limits_are_set() -> None:
     """`before_go` runs while the gate shell waits: what it runs next is already bound."""
-    limits = Limits(cpu_s=7, memory_mb=None, max_procs=None, file_size_mb=3)
+
+    def limit(pid: int) -> None:
+        resource.prlimit(pid, resource.RLIMIT_CPU, (7, 7))
 
     async def main() -> str:
         result = await run_process(
             [*GATED, "sh", "-c", "ulimit -t; ulimit -H -t; cat; echo end"],
             env=ENV, cwd=None, timeout=30, cap=4096,
-            before_go=lambda pid: limits.apply(pid), go=GO,
+            before_go=limit, go=GO,
         )  # fmt: skip
         assert result.exit_code == 0, result.stderr
         return result.stdout

@@ -15,7 +15,6 @@ import contextlib
 import ctypes
 import functools
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -107,21 +106,6 @@ class Limits(BaseModel):
     memory_mb: int | None = Field(default=8192, **pydantic_range(MEMORY_MB))
     max_procs: int | None = Field(default=256, **pydantic_range(MAX_PROCS))
     file_size_mb: int | None = Field(default=1024, **pydantic_range(FILE_SIZE_MB))
-
-    def apply(self, pid: int, *, address_space: bool = True) -> None:
-        """Blocking: set these limits (soft and hard) on process `pid`, as `prlimit_argv` would
-        on itself, for a process that waits for them before it runs anything (`spawn`'s
-        `before_go`). OSError when the host refuses."""
-        memory = self.memory_mb if address_space else None
-        wanted = [
-            (resource.RLIMIT_CPU, self.cpu_s),
-            (resource.RLIMIT_AS, memory << 20 if memory is not None else None),
-            (resource.RLIMIT_NPROC, self.max_procs),
-            (resource.RLIMIT_FSIZE, self.file_size_mb << 20 if self.file_size_mb else None),
-        ]
-        for which, value in wanted:
-            if value is not None:
-                resource.prlimit(pid, which, (value, value))
 
     def prlimit_argv(self, *, address_space: bool = True) -> list[str]:
         """`prlimit --cpu=.. --as=.. -- ` (empty when no limit is set); without
