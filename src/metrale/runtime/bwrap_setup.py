@@ -87,13 +87,14 @@ CONTROL_ROOT = "/dev/shm"
 
 def control_dir(workdir: Path) -> Path:
     """Where the executor's FIFOs of the sandbox whose temp dir is `workdir` are made
-    (`bwrap_exec`): `CONTROL_ROOT/<its name>` on a tmpfs where the host has one, else
+    (`bwrap_exec`): `CONTROL_ROOT/<its name>.ctl` on a tmpfs where the host has one (the
+    suffix: `workdir` itself may be there, with `TMPDIR=/dev/shm`), else
     `workdir/ctl`. On a disk's filesystem a FIFO is an inode: ext4 spent ~0.2 ms of kernel
     time on each (its allocator skips recently deleted inodes, and a run deletes them by the
     thousand), twice a command."""
     root = Path(CONTROL_ROOT)
     if root.is_dir() and not root.is_symlink() and os.access(root, os.W_OK | os.X_OK):
-        return root / workdir.name
+        return root / f"{workdir.name}.ctl"
     return workdir / "ctl"
 
 
