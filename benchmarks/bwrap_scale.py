@@ -11,7 +11,9 @@ Each repeat, for each N, side by side:
   result.json; then, 1 s after it exited, what it left: processes naming its sandboxes,
   workdirs and cgroups named after its pid (`metrale-bwrap-<pid>-*`; all must be 0);
 - with `--before DIR` (a source tree, e.g. an older commit's `src`), the same cell run from that
-  tree right after, so before and after are interleaved pairs against the same floors.
+  tree right after, so before and after are interleaved pairs against the same floors;
+- with `--tmpdir DIR`, this tree's cell once more with `TMPDIR=DIR` (where sandbox temp dirs
+  go: `/dev/shm` puts them on a tmpfs), labelled `now@DIR`, interleaved the same way.
 
 ratio = e2e / (floor + latency), per pair; medians are quoted. Target (issue 27): <= 2.0 at
 512 and 1,024, 0 errors, nothing left.
@@ -48,6 +50,8 @@ end=$(date +%s%N)
 echo "$(( end - start )) $fail"
 """
 PREFIX = "metrale-bwrap-"
+#: the `--tmpdir` given, where `left_behind` looks too
+TMPDIRS: list[str] = []
 
 
 def floor(n: int) -> float:
@@ -68,7 +72,8 @@ def left_behind(pid: int) -> dict[str, int]:
         if entry.isdigit():
             with contextlib.suppress(OSError):
                 procs += mark.encode() in Path(f"/proc/{entry}/cmdline").read_bytes()
-    dirs = {p for d in {tempfile.gettempdir(), "/tmp"} for p in Path(d).glob(f"{mark}*")}
+    roots = {tempfile.gettempdir(), "/tmp", "/dev/shm", *TMPDIRS}  # /dev/shm: control dirs
+    dirs = {p for d in roots for p in Path(d).glob(f"{mark}*")}
     groups = 0
     for root in ("pids", "memory", "unified"):
         # os.walk skips what vanishes under it: other runs' cgroups come and go meanwhile
@@ -77,14 +82,16 @@ def left_behind(pid: int) -> dict[str, int]:
     return {"procs_left": procs, "dirs_left": len(dirs), "cgroups_left": groups}
 
 
-def metrale_cell(url: str, n: int, src: str, extra: list[str]) -> dict[str, float | int | None]:
+def metrale_cell(
+    url: str, n: int, src: str, extra: list[str], tmpdir: str | None = None
+) -> dict[str, float | int | None]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         argv = [sys.executable, "-m", "metrale", "run", "gsm8k", "--target", url,
                 "--model", "metrale-sim", "--runtime", "bwrap", "--rollouts", str(n),
                 "--max-tokens", "16", "--no-preflight", "--quiet", "--out", str(out),
                 *extra]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": src}
+        env = {**os.environ, "PYTHONPATH": src, **({"TMPDIR": tmpdir} if tmpdir else {})}
         started = time.perf_counter()
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         _stdout, stderr = proc.communicate()
@@ -113,18 +120,23 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--latency", type=float, default=0.2)
     ap.add_argument("--before", metavar="SRC", help="also run the cell from this source tree")
+    ap.add_argument("--tmpdir", help="also run this tree's cell with TMPDIR set to this")
     ap.add_argument("--extra", default="", help="more flags for metrale run, space separated")
     args = ap.parse_args()
     here = str(Path(__file__).resolve().parent.parent / "src")
-    trees = {"now": here, **({"before": args.before} if args.before else {})}
+    trees = {"now": (here, None), **({"before": (args.before, None)} if args.before else {})}
+    if args.tmpdir:
+        trees[f"now@{args.tmpdir}"] = (here, args.tmpdir)
+        TMPDIRS.append(args.tmpdir)
     sizes = [int(n) for n in args.rollouts.split(",")]
     rows: dict[tuple[int, str], list[dict[str, float | int | None]]] = {}
     with sim("--ttft", str(args.latency), "--output-tokens", "16") as url:
         for i in range(args.repeats):
             for n in sizes:
                 floor_s = floor(n)
-                for label, src in trees.items():
-                    row = {"floor_s": floor_s, **metrale_cell(url, n, src, args.extra.split())}
+                for label, (src, tmpdir) in trees.items():
+                    made = metrale_cell(url, n, src, args.extra.split(), tmpdir)
+                    row = {"floor_s": floor_s, **made}
                     row["ratio"] = row["e2e_s"] / (floor_s + args.latency)  # type: ignore[operator]
                     rows.setdefault((n, label), []).append(row)
                     shown = {k: _r(v) for k, v in row.items()}

@@ -6,6 +6,7 @@ timeout and kill, several at once, and a sandbox whose process count does not gr
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from metrale.runtime import Runtime, bwrap_runtime, create_runtime, runtime_conf
 from metrale.runtime.base import RuntimeStartError, SandboxLostError
 from metrale.runtime.bwrap import BwrapRuntime
 from metrale.runtime.bwrap_exec import CONTROL, command_script
-from metrale.runtime.bwrap_setup import WORKDIR_PREFIX, leftover_workdirs
+from metrale.runtime.bwrap_setup import CONTROL_ROOT, WORKDIR_PREFIX, leftover_workdirs
 from metrale.runtime.bwrap_watchdog import owner_prefix
 from tests.runtime.conftest import HAVE_BWRAP, in_bwrap, processes_with
 
@@ -182,3 +183,23 @@ def _own_dirs() -> set[str]:
     `/etc` copy it keeps for its life."""
     own = owner_prefix(WORKDIR_PREFIX)
     return {p.name for p in leftover_workdirs() if p.name.startswith(own) and "-etc-" not in p.name}
+
+
+def test_sandboxes_run_with_their_temp_dirs_on_the_control_dirs_tmpfs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`TMPDIR=/dev/shm` puts a sandbox's temp dir where its control directory goes: the two
+    must not be one path (the start failed with EEXIST)."""
+    if not Path(CONTROL_ROOT).is_dir():
+        pytest.skip(f"{CONTROL_ROOT}: no such directory here")
+    monkeypatch.setattr(tempfile, "tempdir", CONTROL_ROOT)
+    before = _own_dirs()
+
+    async def body(rt: Runtime) -> str:
+        assert isinstance(rt, BwrapRuntime) and rt.workdir is not None
+        assert rt.workdir.parent == Path(CONTROL_ROOT)
+        await rt.write("note.txt", "there\n")
+        return (await rt.run(["cat", "note.txt"])).stdout
+
+    assert in_bwrap(body) == "there\n"
+    assert _own_dirs() == before

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,7 @@ def _etc(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> dict[str, Any]:
 @step("the sandbox cannot be spawned")
 def _spawn(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> dict[str, Any]:
     monkeypatch.setattr(bwrap_module, "spawn", _raise(OSError(11, "Resource busy")))
+    monkeypatch.setattr(bwrap_module, "spawn_as", _raise(OSError(11, "Resource busy")))
     return {}
 
 
@@ -162,6 +164,12 @@ def _gone_root(root: Path) -> Callable[..., Any]:
         return out
 
     return fill
+
+
+@step("the started sandbox cannot be moved into its cgroups")
+def _cgroup_refuses(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> dict[str, Any]:
+    monkeypatch.setattr(SandboxCgroup, "enter", _raise(OSError(28, "cannot move pid")))
+    return {}
 
 
 @step("the started sandbox cannot be entered")
@@ -200,6 +208,7 @@ def test_a_bwrap_start_cancelled_at_each_step_leaves_nothing_without_a_stop(
     """The start is cancelled as soon as it has made what `after` names (a start that had
     finished would be its caller's to stop: the readiness wait is the last step cancelled)."""
     reached = asyncio.Event()
+    cancelled = threading.Event()
     where: dict[str, asyncio.AbstractEventLoop] = {}
     if after == "prepare":
         real = bwrap_module.BwrapRuntime._fill
@@ -210,12 +219,13 @@ def test_a_bwrap_start_cancelled_at_each_step_leaves_nothing_without_a_stop(
             return out
 
         monkeypatch.setattr(bwrap_module.BwrapRuntime, "_fill", fill)
-    elif after == "cgroup":  # moved into it on a spawner thread, while its shell waits
+    elif after == "cgroup":  # moved into it once ready, before its first command
         real_enter = SandboxCgroup.enter
 
-        def enter(self: SandboxCgroup, pid: int) -> None:
-            real_enter(self, pid)
+        def enter(self: SandboxCgroup, *pids: int) -> None:
+            real_enter(self, *pids)
             where["loop"].call_soon_threadsafe(reached.set)
+            cancelled.wait(10)  # the last step of a start: cancelled before it returns
 
         monkeypatch.setattr(SandboxCgroup, "enter", enter)
     else:  # bwrap runs; the start waits for its readiness line
@@ -236,6 +246,7 @@ def test_a_bwrap_start_cancelled_at_each_step_leaves_nothing_without_a_stop(
         await asyncio.wait([task, asyncio.ensure_future(reached.wait())],
                            return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
         task.cancel()
+        cancelled.set()
         with contextlib.suppress(asyncio.CancelledError, RuntimeStartError):
             await task
 

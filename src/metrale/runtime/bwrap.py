@@ -12,14 +12,14 @@ means ready.
 What holds, and how:
 
 - **No secret of metrale's environment inside, nothing of a command's outside.** bwrap (the
-  sandbox's PID 1 is a fork of it) and every host-side wrapper (the gate `sh`, `setpriv`,
-  `unshare`) are absolute paths from `TRUSTED_PATH` started with `SPAWN_ENV` only; commands
+  sandbox's PID 1 is a fork of it) and every host-side wrapper (`setpriv`, `unshare`, when a
+  start needs them) are absolute paths from `TRUSTED_PATH` started with `SPAWN_ENV` only; commands
   get `_env()` plus the config's `env` (`--env`, an image's `ENV`) and the call's, exported
   inside the sandbox by the executor's subshell just before the command's `exec`. Nothing
   else of metrale's is in any process inside, and no `PATH`/`LD_*`/`PYTHON*` of an image or
   a task reaches a process on the host.
 - **Nothing made inside carries privilege out.** As root, metrale runs bwrap itself as a fresh
-  unprivileged host uid per sandbox (`setpriv --reuid`, no groups, no capabilities), so the
+  unprivileged host uid per sandbox (`spawn.spawn_as`: no groups, no capabilities), so the
   sandbox user maps to that uid, never to 0: a setuid file made inside is setuid to a uid that
   owns nothing. The workdir and writable binds are handed to that uid (chowned, like podman's
   `:U`); bind sources the uid could not reach (`/root/...` is 0700) are first bound by root
@@ -35,15 +35,15 @@ What holds, and how:
 - **Bounded by default**: total memory and processes by a cgroup per sandbox where the host has
   one (`cgroups`), `/tmp` and `/dev/shm` by tmpfs size, CPU time and file size by rlimits.
   `/work` is host disk bounded only per file (RLIMIT_FSIZE); see the README's table.
-- **Every exit path stops it**: bwrap is started through `setpriv --pdeathsig KILL` and a
-  shell that checks its parent is still metrale after the signal is armed (`as_uid`), so a
-  SIGKILLed metrale takes it along, with no window; `stop()` kills synchronously, and
-  finishes waiting, cgroup removal and rmtree even when the awaiting task is cancelled.
+- **Every exit path stops it**: bwrap dies with metrale (`--die-with-parent`; before bwrap
+  has armed it, a dead metrale leaves the executor at EOF, and the sandbox ends by itself;
+  the watchdog is the backstop); `stop()` kills synchronously, and finishes waiting, cgroup
+  removal and rmtree even when the awaiting task is cancelled.
 
 Each `run()` is forked inside by the executor, as uid 1000 of the sandbox's user namespace, in
-the sandbox's cgroups (set on the start's host shell while it waits at its gate,
-`bwrap_setup.GATE`) and under the rlimits the executor set on itself before anything else ran,
-so a server started by one command is reachable on loopback by the next.
+the sandbox's cgroups (PID 1 and the executor are moved there once the executor answers,
+before the first command) and under the rlimits the executor set on itself before anything
+else ran, so a server started by one command is reachable on loopback by the next.
 
 Where each part lives: the config (`bwrap_config`), the host side of one sandbox and bwrap's
 argv (`bwrap_layout`), its life (`bwrap_runtime`), commands and files in it

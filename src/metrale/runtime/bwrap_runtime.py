@@ -25,11 +25,11 @@ from metrale.runtime.bwrap_etc import etc_view
 from metrale.runtime.bwrap_exec import Executor
 from metrale.runtime.bwrap_layout import Layout, bwrap_argv, fill
 from metrale.runtime.bwrap_setup import (
-    GO,
     HOST_UID_BASE,
     HOST_UID_RANGE,
     READY_TIMEOUT_S,
     SPAWN_ENV,
+    STATUS_FD,
     WORKDIR_PREFIX,
     as_uid,
     control_dir,
@@ -41,7 +41,8 @@ from metrale.runtime.bwrap_watchdog import ensure_watchdog, owner_prefix
 from metrale.runtime.cgroups import SandboxCgroup
 from metrale.runtime.procs import killpg, spawned
 from metrale.runtime.sandbox_proc import SandboxProcess
-from metrale.runtime.spawn import PIPE, Child, read_line, read_some, spawn
+from metrale.runtime.spawn import PIPE, Child, read_line, read_some, spawn, spawn_as
+from metrale.runtime.spawn_as import can_spawn_as
 
 if TYPE_CHECKING:
     from metrale.runtime.bwrap_config import BwrapConfig
@@ -167,12 +168,16 @@ class BwrapRuntime(BwrapCommands):
             raise RuntimeStartError(f"cannot prepare the sandbox's directories: {exc}") from exc
         control = self.control
         assert control is not None  # made by `_prepare`, or it raised
+        # bwrap itself, as the sandbox's host uid, made by a spawner thread that takes that
+        # uid for the spawn (`spawn_as`); a start that must first bind as root (its private
+        # staging), or a machine without `spawn_as`, goes through `unshare` and `setpriv`
+        direct = can_spawn_as() and not prepared.staging
         read_fd, write_fd = os.pipe()
         try:
             argv = bwrap_argv(
                 self.config,
                 self.host_workdir,
-                write_fd,
+                STATUS_FD if direct else write_fd,
                 prepared,
                 control=control,
                 address_space=not self.bounds["memory"],
@@ -181,27 +186,12 @@ class BwrapRuntime(BwrapCommands):
             os.close(read_fd)
             os.close(write_fd)
             raise
-        # every step execs in place (metrale stays the parent) and the last checks that it
-        # still is, after the death signal is armed: no preexec_fn, so no fork() on the loop
-        uid = self.host_uid if privileged() else None
-        argv = [*stage_argv(prepared.staging), *as_uid(uid, os.getpid()), *argv]
-        # moved into its cgroups by the spawner while the shell after setpriv waits at its
-        # gate: every command, forked inside by the executor, inherits them and its rlimits
-        enter = self._cgroup.enter if self._cgroup is not None else None
         try:
             self._proc = await spawned(
-                spawn(
-                    argv,
-                    env=SPAWN_ENV,
-                    cwd="/",
-                    stdin=PIPE,
-                    pass_fds=(write_fd,),
-                    before_go=enter,
-                    go=GO,
-                ),
+                self._spawn(argv, write_fd, direct=direct, staging=prepared.staging),
                 lambda proc: proc.pid,
                 lambda proc: setattr(self, "_proc", proc),  # so that stop() tears it down
-            )  # cwd "/": a shell on the way would put metrale's cwd into PWD
+            )
         except OSError as exc:
             os.close(read_fd)
             raise RuntimeStartError(f"cannot run bwrap: {exc}") from exc
@@ -229,7 +219,25 @@ class BwrapRuntime(BwrapCommands):
             self._sandbox = SandboxProcess(pid, self._proc.pid)
         except (OSError, RuntimeError) as exc:
             raise RuntimeStartError(f"bwrap started, but {exc}") from exc
+        if self._cgroup is not None:
+            # into its cgroups before its first command: the executor forks every command,
+            # so everything a command starts is counted there (until now only bwrap and the
+            # executor's own start had run, metrale's code)
+            try:
+                await asyncio.to_thread(self._cgroup.enter, pid, *self._sandbox.keep)
+            except OSError as exc:
+                raise RuntimeStartError(f"bwrap started, but {exc}") from exc
         self.sandbox_pid = pid
+
+    async def _spawn(
+        self, argv: list[str], status_fd: int, *, direct: bool, staging: list[tuple[str, str]]
+    ) -> Child:
+        ids = (self.host_uid, self.host_gid) if privileged() else None
+        if direct:
+            return await spawn_as(argv, env=SPAWN_ENV, ids=ids, fds={STATUS_FD: status_fd})
+        if ids is not None:
+            argv = [*stage_argv(staging), *as_uid(self.host_uid), *argv]
+        return await spawn(argv, env=SPAWN_ENV, cwd="/", stdin=PIPE, pass_fds=(status_fd,))
 
     async def _failure_text(self) -> str:
         assert self._proc is not None

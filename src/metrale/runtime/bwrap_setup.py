@@ -87,13 +87,14 @@ CONTROL_ROOT = "/dev/shm"
 
 def control_dir(workdir: Path) -> Path:
     """Where the executor's FIFOs of the sandbox whose temp dir is `workdir` are made
-    (`bwrap_exec`): `CONTROL_ROOT/<its name>` on a tmpfs where the host has one, else
+    (`bwrap_exec`): `CONTROL_ROOT/<its name>.ctl` on a tmpfs where the host has one (the
+    suffix: `workdir` itself may be there, with `TMPDIR=/dev/shm`), else
     `workdir/ctl`. On a disk's filesystem a FIFO is an inode: ext4 spent ~0.2 ms of kernel
     time on each (its allocator skips recently deleted inodes, and a run deletes them by the
     thousand), twice a command."""
     root = Path(CONTROL_ROOT)
     if root.is_dir() and not root.is_symlink() and os.access(root, os.W_OK | os.X_OK):
-        return root / workdir.name
+        return root / f"{workdir.name}.ctl"
     return workdir / "ctl"
 
 
@@ -194,34 +195,17 @@ def system_binds(
     return args
 
 
-def as_uid(uid: int | None, parent: int | None = None) -> list[str]:
-    """Run the rest as host `uid`/`gid` with no groups and no capabilities (None: as is),
-    dying with its parent: setpriv re-arms the death signal that the uid change clears.
-
-    This chain, not a `preexec_fn`, is how a sandbox starts dying with metrale: a preexec_fn
-    makes Python fork() the whole interpreter instead of vfork() (measured: 14 ms against
-    0.2 ms a spawn, from a 60 MB process), and the event loop's thread waits for each fork,
-    so at 512 starts the loop did nothing else for seconds. The execs below cost their own
-    processes' CPU, in parallel, not the loop's time.
-
-    A parent that died between setpriv's setresuid and its prctl would not be seen by the
-    re-armed signal, so with `parent` (metrale's pid) a shell checks, after the signal is set
-    again, that its parent is still metrale, and exits at once otherwise: no window is left in
-    which a SIGKILLed metrale leaves an orphaned bwrap (every step before it execs in place,
-    so metrale stays the parent throughout). That shell then waits at the `GATE` until the
-    spawner has moved it into the sandbox's cgroups: one process for both steps."""
+def as_uid(uid: int | None) -> list[str]:
+    """`setpriv`: run the rest as host `uid`/`gid` with no groups and no capabilities (None: as
+    is), dying with its parent (setpriv re-arms the death signal that the uid change clears).
+    For what must start as root and drop to `uid` later (the private staging's `mount`s, the
+    probe); a start without staging changes ids in the spawner instead (`spawn.spawn_as`)."""
     ids = [] if uid is None else ["--reuid", str(uid), "--regid", str(uid), "--clear-groups"]
-    argv = [host_tool("setpriv"), *ids, "--pdeathsig", "KILL", "--"]
-    if parent is not None:
-        argv += [host_tool("sh"), "-c", f'[ "$PPID" = "$0" ] || exit 137; {GATE}', str(parent)]
-    return argv
+    return [host_tool("setpriv"), *ids, "--pdeathsig", "KILL", "--"]
 
 
-#: The end of a host-side shell that waits for one line on its stdin before it runs the rest:
-#: the line comes once the spawner has moved it into its cgroups (and set its limits), so
-#: nothing it starts is ever outside them (`spawn`'s `before_go`). Exit 125 on EOF instead.
-GATE = 'read -r _ || exit 125; exec "$@"'
-GO = b"go\n"
+#: The fd on which bwrap reports its sandbox's pid (`--json-status-fd`): the child's number.
+STATUS_FD = 3
 
 
 def stage_argv(pairs: Sequence[tuple[str, str]]) -> list[str]:

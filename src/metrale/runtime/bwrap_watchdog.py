@@ -1,9 +1,9 @@
 """A backstop for SIGKILL: one watchdog process per metrale process that uses bwrap.
 
-The parent-death signals (ours on bwrap, bwrap's `--die-with-parent` on its child) leave one
-window that is not ours to close: bwrap's child sets its death signal only after it was cloned,
-so a bwrap killed in between leaves its child running (seen under load when metrale is
-SIGKILLed in the first milliseconds of a start). The watchdog waits for its owner to die (a
+The parent-death signals (bwrap's `--die-with-parent`, on itself and on its child) leave
+windows that are not ours to close: each is set only after its process was made, so a
+metrale (or a bwrap) killed in between leaves its child running (seen under load when metrale
+is SIGKILLed in the first milliseconds of a start). The watchdog waits for its owner to die (a
 pidfd: a reused pid is never mistaken for it), then kills every process in the cgroups of the
 owner's sandboxes and every process naming one of its workdirs, removes those cgroups and
 workdirs, and sweeps again twice, for a start that was in flight at the kill. After a normal

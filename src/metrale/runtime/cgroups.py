@@ -101,16 +101,16 @@ class SandboxCgroup:
             return None
         return cgroup
 
-    def enter(self, pid: int) -> None:
-        """Blocking: move process `pid` (and so all it will start) into these cgroups; OSError
-        naming the cgroup when the host refuses. For a process that waits to be moved before
-        it starts anything (`spawn`'s `before_go`): one write per cgroup, no process of its own
-        (a shell that moved itself cost an exec per sandbox start and per command)."""
+    def enter(self, *pids: int) -> None:
+        """Blocking: move each of `pids` (and so all they start from now on) into these
+        cgroups; OSError naming the cgroup when the host refuses. One write per process and
+        cgroup, no process of its own."""
         for path in self.paths:
-            try:
-                (path / "cgroup.procs").write_text(str(pid))
-            except OSError as exc:
-                raise OSError(exc.errno, f"cannot move pid {pid} into cgroup {path}") from exc
+            for pid in pids:
+                try:
+                    (path / "cgroup.procs").write_text(str(pid))
+                except OSError as exc:
+                    raise OSError(exc.errno, f"cannot move pid {pid} into cgroup {path}") from exc
 
     def remove(self) -> None:
         """Blocking: kills what is left in the cgroups, waits briefly for it to leave, then

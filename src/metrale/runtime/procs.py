@@ -214,21 +214,18 @@ async def run_process(
     stdin: bytes | None = None,
     sessions: set[int] | None = None,
     pass_fds: Sequence[int] = (),
-    before_go: Callable[[int], None] | None = None,
-    go: bytes = b"",
 ) -> ProgramResult:
     """Run `argv` in its own session; on timeout or cancellation kill its whole process group.
 
     The pid (= session id = pgid) is added to `sessions` while it may have members, so a
-    runtime's `stop()` can kill what is left of it. Exit code 124 means timed out. `before_go`
-    and `go`: see `spawn` (`go` comes first on the command's stdin, then `stdin` or EOF).
+    runtime's `stop()` can kill what is left of it. Exit code 124 means timed out.
     """
     started = time.perf_counter()
     loop = asyncio.get_running_loop()
     child = await spawned(
         spawn(
-            argv, env=env, cwd=cwd, stdin=PIPE if stdin is not None or go else DEVNULL,
-            pass_fds=pass_fds, before_go=before_go, go=go,
+            argv, env=env, cwd=cwd, stdin=PIPE if stdin is not None else DEVNULL,
+            pass_fds=pass_fds,
         ),
         lambda made: made.pid,
         lambda made: made.close_pipes(),
@@ -252,8 +249,6 @@ async def run_process(
             with contextlib.suppress(OSError):
                 writing.write(stdin)
                 writing.write_eof()
-        elif child.stdin is not None:  # only `go` was for it: then EOF, as from /dev/null
-            child.stdin.close()
         try:
             await asyncio.wait_for(child.wait(), timeout)
         except TimeoutError:

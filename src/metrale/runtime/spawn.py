@@ -8,10 +8,12 @@ spawn releases the GIL while it waits, so a thread of its own makes it beside th
 other core.
 
 A few threads that live as long as the process, not a pool that grows and shrinks: the
-parent-death signal a sandbox arms (`setpriv --pdeathsig KILL`) fires when the *thread* that
+parent-death signal a sandbox arms (bwrap's `--die-with-parent`) fires when the *thread* that
 forked it exits, so a worker thread that ended would take its sandboxes with it. They only
 spawn; everything else about a child (its pipes, its exit, reaping it) happens on the loop,
 through a pidfd taken right after the spawn, before anything could reap the child.
+
+`spawn_as` starts a program as another host uid from a spawner thread (`spawn_as`'s module).
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ import signal
 import subprocess
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import IO, ClassVar
+from typing import IO, ClassVar, Protocol
+
+from metrale.runtime.spawn_as import start_as
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
@@ -33,11 +37,40 @@ DEVNULL = subprocess.DEVNULL
 SPAWNER_THREADS = 4
 
 
-class Child:
-    """A process made by `spawn`, watched on the loop that asked for it: `exited` completes
-    once it has exited and been reaped (its `returncode` set)."""
+class _Process(Protocol):
+    """What `Child` needs of a started process (`subprocess.Popen` has it; so has `_Spawned`)."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], pidfd: int) -> None:
+    pid: int
+    stdin: IO[bytes] | None
+    stdout: IO[bytes] | None
+    stderr: IO[bytes] | None
+    returncode: int | None
+
+    def wait(self) -> int: ...
+
+
+class _Spawned:
+    """A child of `posix_spawn`, with the names of `Popen` that `Child` uses."""
+
+    def __init__(self, pid: int, stdin: IO[bytes], stdout: IO[bytes], stderr: IO[bytes]) -> None:
+        self.pid = pid
+        self.stdin: IO[bytes] | None = stdin
+        self.stdout: IO[bytes] | None = stdout
+        self.stderr: IO[bytes] | None = stderr
+        self.returncode: int | None = None
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+class Child:
+    """A process made by `spawn` or `spawn_as`, watched on the loop that asked for it:
+    `exited` completes once it has exited and been reaped (its `returncode` set)."""
+
+    def __init__(self, popen: _Process, pidfd: int) -> None:
         self._popen = popen
         self.pid = popen.pid
         self._pidfd = pidfd
@@ -115,22 +148,33 @@ async def spawn(
     cwd: str | None,
     stdin: int,
     pass_fds: Sequence[int] = (),
-    before_go: Callable[[int], None] | None = None,
-    go: bytes = b"",
 ) -> Child:
     """Start `argv` in a session of its own (stdout and stderr piped) on a spawner thread.
     OSError when it cannot be started. Await it to its end even when cancelled (`spawned`):
-    a child made after its caller left would have no one to stop it.
+    a child made after its caller left would have no one to stop it."""
+    return await _on_spawner(lambda: _start(argv, env, cwd, stdin, pass_fds))
 
-    `before_go(pid)` runs on the spawner thread once the child has exec'd its first program,
-    then `go` is written to its stdin (a pipe): a first program that waits for that line
-    (`read`) lets the spawner move it into its cgroups and set its limits from here, with no
-    process of its own for each step. When `before_go` raises, the child's group is killed and
-    reaped, and the error is the caller's."""
+
+async def spawn_as(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    ids: tuple[int, int] | None,
+    fds: Mapping[int, int] | None = None,
+) -> Child:
+    """Start `argv` (an absolute path first) in a session of its own, as host uid and gid
+    `ids` with no supplementary groups and no capabilities (None: as metrale; `ids` needs
+    root), with stdin, stdout and stderr piped, `fds` (child fd: metrale's fd) its only other
+    open fds, and metrale's cwd; only where `can_spawn_as()`. OSError when it cannot be
+    started; await it as `spawn`."""
+    return await _on_spawner(lambda: _start_as(argv, env, ids, fds or {}))
+
+
+async def _on_spawner(start: Callable[[], tuple[_Process, int]]) -> Child:
     loop = asyncio.get_running_loop()
-    done: asyncio.Future[tuple[subprocess.Popen[bytes], int]] = loop.create_future()
+    done: asyncio.Future[tuple[_Process, int]] = loop.create_future()
 
-    def deliver(result: tuple[subprocess.Popen[bytes], int] | BaseException) -> None:
+    def deliver(result: tuple[_Process, int] | BaseException) -> None:
         if done.done():
             return
         if isinstance(result, BaseException):
@@ -139,9 +183,9 @@ async def spawn(
             done.set_result(result)
 
     def job() -> None:
-        result: tuple[subprocess.Popen[bytes], int] | BaseException
+        result: tuple[_Process, int] | BaseException
         try:
-            result = _start(argv, env, cwd, stdin, pass_fds, before_go, go)
+            result = start()
         except BaseException as exc:  # handed to the caller, whatever it is
             result = exc
         try:
@@ -151,8 +195,8 @@ async def spawn(
                 _kill(result[0])
 
     _Spawner.get().jobs.put(job)
-    popen, pidfd = await done
-    return Child(popen, pidfd)
+    process, pidfd = await done
+    return Child(process, pidfd)
 
 
 def _start(
@@ -161,27 +205,45 @@ def _start(
     cwd: str | None,
     stdin: int,
     pass_fds: Sequence[int],
-    before_go: Callable[[int], None] | None,
-    go: bytes,
-) -> tuple[subprocess.Popen[bytes], int]:
+) -> tuple[_Process, int]:
     popen = subprocess.Popen(
         list(argv), stdin=stdin, stdout=PIPE, stderr=PIPE, env=dict(env), cwd=cwd,
         start_new_session=True, pass_fds=tuple(pass_fds),
     )  # fmt: skip
     try:
         pidfd = os.pidfd_open(popen.pid)
-        if before_go is not None:
-            before_go(popen.pid)
-        if go:
-            assert popen.stdin is not None
-            os.write(popen.stdin.fileno(), go)  # a line into an empty pipe: never blocks
     except BaseException:
         _kill(popen)
         raise
     return popen, pidfd
 
 
-def _kill(popen: subprocess.Popen[bytes]) -> None:
+def _start_as(
+    argv: Sequence[str], env: Mapping[str, str], ids: tuple[int, int] | None, fds: Mapping[int, int]
+) -> tuple[_Process, int]:
+    pipes = [os.pipe() for _ in range(3)]
+    ours = [pipes[0][1], pipes[1][0], pipes[2][0]]  # stdin's write end, the others' read ends
+    theirs = {0: pipes[0][0], 1: pipes[1][1], 2: pipes[2][1], **fds}
+    try:
+        pid = start_as(argv, env, ids, theirs)
+    except BaseException:
+        for fd in ours:
+            os.close(fd)
+        raise
+    finally:
+        for fd in (pipes[0][0], pipes[1][1], pipes[2][1]):
+            os.close(fd)
+    files = [os.fdopen(ours[0], "wb", 0), os.fdopen(ours[1], "rb", 0), os.fdopen(ours[2], "rb", 0)]
+    child = _Spawned(pid, *files)
+    try:
+        pidfd = os.pidfd_open(pid)
+    except BaseException:
+        _kill(child)
+        raise
+    return child, pidfd
+
+
+def _kill(popen: _Process) -> None:
     with contextlib.suppress(OSError):
         os.killpg(popen.pid, signal.SIGKILL)
     popen.wait()

@@ -1,6 +1,7 @@
 # GSM8K grader without an interpreter start: answer.py's extract_answer, in POSIX awk.
 #
 #   LC_ALL=C awk -v ref=REFERENCE -f grader.awk completion.txt
+#   (metrale passes this text as awk's program argument instead: no file per rollout)
 #
 # prints {"parsed": "N" or null, "reward": 1.0 or 0.0}, like `python3 grader.py`. Exit 3 means
 # "not mine, ask grader.py": a byte outside ASCII (Python's \d, \w, \s and IGNORECASE are
