@@ -152,6 +152,10 @@ class BwrapRuntime(BwrapCommands):
             # caller goes on to stop() (a cancelled start is often never stopped)
             self._stopped = True
             self._kill()
+            if self._proc is not None and self._sandbox is None:
+                # not in its cgroups yet (they hold a sandbox once it answers), so removing
+                # them waits for nothing: wait for the killed bwrap here
+                self._proc.exited_within(STOP_WAIT_S)
             self._finish()
             if self._executor is not None:
                 self._executor.close()

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import os
 import queue
+import select
 import signal
 import subprocess
 import threading
@@ -106,6 +107,15 @@ class Child:
 
     async def wait(self) -> int:
         return await asyncio.shield(self.exited)
+
+    def exited_within(self, timeout_s: float) -> bool:
+        """Blocking, on the loop's thread: whether the child has exited (reaped or not) within
+        `timeout_s`. For a caller that killed it and must know it is gone before going on."""
+        if self._pidfd < 0:
+            return True
+        poller = select.poll()
+        poller.register(self._pidfd, select.POLLIN)
+        return bool(poller.poll(int(timeout_s * 1000)))
 
     def close_pipes(self) -> None:
         """Close metrale's ends of the child's pipes (not the pidfd: `exited` still comes)."""
