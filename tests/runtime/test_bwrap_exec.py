@@ -40,9 +40,26 @@ def test_arguments_and_environment_arrive_verbatim() -> None:
     )
 
 
-def test_a_script_is_one_line_whatever_the_command_holds() -> None:
-    script = command_script(7, ["printf", "a\nb\n\n"], {"V": "x\ny"}, "/w\nd", 5, stdin=True)
-    assert script.endswith("\n") and script.count("\n") == 1
+def test_the_executor_reads_a_long_command_in_blocks_not_a_byte_at_a_time() -> None:
+    """A shell's `read` takes a byte a system call; the executor reads its scripts as its
+    own input, a block at a time (`/proc/PID/io`'s `syscr` counts its reads)."""
+    word = "x" * 100_000
+
+    def reads(rt: BwrapRuntime) -> int:
+        assert rt._sandbox is not None
+        (executor,) = rt._sandbox.keep
+        io = Path(f"/proc/{executor}/io").read_text()
+        return int(next(line for line in io.splitlines() if line.startswith("syscr:")).split()[1])
+
+    async def body(rt: Runtime) -> tuple[int, str]:
+        assert isinstance(rt, BwrapRuntime)
+        before = reads(rt)
+        result = await rt.run(["sh", "-c", 'printf %s "$0" "$1" | wc -c', word, f"\n{word}"])
+        return reads(rt) - before, result.stdout
+
+    count, out = in_bwrap(body)
+    assert out.strip() == str(2 * len(word) + 1)
+    assert count < 100, f"{count} reads for a 200 KB script"
 
 
 def test_a_null_byte_is_refused_as_by_exec() -> None:

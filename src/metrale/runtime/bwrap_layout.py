@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from metrale.runtime.base import RuntimeStartError
 from metrale.runtime.bwrap_etc import etc_view
-from metrale.runtime.bwrap_exec import CONTROL, executor_argv
+from metrale.runtime.bwrap_exec import CONTROL, EXECUTOR
 from metrale.runtime.bwrap_seed import SeedError, copy_seed, open_in_root
 from metrale.runtime.bwrap_setup import (
     SANDBOX_PATH,
@@ -119,13 +119,10 @@ def bwrap_argv(
     layout: Layout,
     *,
     control: Path,
-    address_space: bool = True,
 ) -> list[str]:
     """bwrap's argv: `layout.root` is where bwrap reaches `config.root` (its staging path, as
     root); `layout.etc` the directory shown at `/etc` when there is no image root; `control`
-    the executor's control directory, bound read-only at `CONTROL`; `address_space`: whether
-    the executor bounds each process's address space (where no memory cgroup bounds the
-    whole sandbox)."""
+    the executor's control directory, bound read-only at `CONTROL`."""
     cfg = config
     argv = [host_tool("bwrap"), "--unshare-all", "--unshare-user"]
     if cfg.network:
@@ -146,8 +143,7 @@ def bwrap_argv(
     # workdir, /tmp, /dev/shm and writable binds take writes
     argv += ["--remount-ro", "/"]
     argv += ["--chdir", cfg.workdir, "--clearenv", "--setenv", "PATH", SANDBOX_PATH]
-    # bwrap reports the pid before it writes the uid map: "ready" echoed from inside by the
-    # executor (the sandbox's own command, which forks every command) means it runs
-    executor = executor_argv(cfg.limits, address_space=address_space)
-    argv += ["--json-status-fd", str(status_fd), "--", *executor]
+    # bwrap reports the pid before it writes the uid map: "ready" from inside, answered by
+    # the executor (the sandbox's own command, which forks every command), means it runs
+    argv += ["--json-status-fd", str(status_fd), "--", *EXECUTOR]
     return argv

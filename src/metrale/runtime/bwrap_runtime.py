@@ -22,7 +22,7 @@ from metrale.runtime import bwrap_setup
 from metrale.runtime.base import RuntimeStartError, Throttle
 from metrale.runtime.bwrap_commands import BwrapCommands
 from metrale.runtime.bwrap_etc import etc_view
-from metrale.runtime.bwrap_exec import Executor
+from metrale.runtime.bwrap_exec import Executor, executor_preamble
 from metrale.runtime.bwrap_layout import Layout, bwrap_argv, fill
 from metrale.runtime.bwrap_setup import (
     HOST_UID_BASE,
@@ -184,7 +184,6 @@ class BwrapRuntime(BwrapCommands):
                 STATUS_FD if direct else write_fd,
                 prepared,
                 control=control,
-                address_space=not self.bounds["memory"],
             )
         except BaseException:  # e.g. an image root gone since it was checked
             os.close(read_fd)
@@ -209,8 +208,13 @@ class BwrapRuntime(BwrapCommands):
         self._executor = Executor(control, owner)
         ready = b""
         if line:
+            # the executor's rlimits; the address space only where no memory cgroup bounds
+            # the whole sandbox
+            preamble = executor_preamble(
+                self.config.limits, address_space=not self.bounds["memory"]
+            )
             ready = await self._executor.attach(
-                self._proc.stdin, self._proc.stdout, READY_TIMEOUT_S
+                self._proc.stdin, self._proc.stdout, preamble, READY_TIMEOUT_S
             )
         try:
             pid: int | None = int(json.loads(line)["child-pid"])
