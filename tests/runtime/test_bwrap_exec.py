@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from metrale.runtime import Runtime, bwrap_runtime, create_runtime, runtime_config
+from metrale.runtime import Runtime, bwrap_runtime, bwrap_setup, create_runtime, runtime_config
 from metrale.runtime.base import RuntimeStartError, SandboxLostError
 from metrale.runtime.bwrap import BwrapRuntime
 from metrale.runtime.bwrap_exec import CONTROL, command_script
@@ -220,3 +220,30 @@ def test_sandboxes_run_with_their_temp_dirs_on_the_control_dirs_tmpfs(
 
     assert in_bwrap(body) == "there\n"
     assert _own_dirs() == before
+
+
+@pytest.mark.parametrize("control_root", [CONTROL_ROOT, "/nonexistent-metrale-control"])
+def test_the_control_and_staging_dirs_are_out_of_the_sandboxs_reach(
+    control_root: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The workdir is the sandbox's own (its host uid owns it, `/work` binds it writable), so
+    the control directory (FIFOs) and root's staging paths go beside it, never in it: on the
+    tmpfs where there is one, else next to the workdir. The sandbox sees an empty `/work`
+    and nothing of either; all three are gone after the stop."""
+    monkeypatch.setattr(bwrap_setup, "CONTROL_ROOT", control_root)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    before = _own_dirs()
+    tmpfs = Path(control_root).is_dir()
+
+    async def body(rt: Runtime) -> tuple[str, list[Path]]:
+        assert isinstance(rt, BwrapRuntime) and rt.workdir is not None and rt.control
+        where = Path(control_root) if tmpfs else rt.workdir.parent
+        assert rt.control.parent == where and rt.control.name == rt.workdir.name + ".ctl"
+        made = [rt.workdir, rt.control, bwrap_setup.stage_dir(rt.workdir)]
+        listed = await rt.run("ls -A /work; ls -A /work/shared; echo end")
+        return listed.stdout, made
+
+    listed, made = in_bwrap(body, rw_binds=[f"{shared}:/work/shared"])
+    assert listed == "shared\nend\n"
+    assert not any(p.exists() for p in made) and _own_dirs() == before

@@ -36,6 +36,7 @@ from metrale.runtime.bwrap_setup import (
     privileged,
     sandbox_tmpdir,
     stage_argv,
+    stage_dir,
 )
 from metrale.runtime.bwrap_watchdog import ensure_watchdog, owner_prefix
 from metrale.runtime.cgroups import SandboxCgroup
@@ -69,6 +70,17 @@ def check_bwrap(config: BwrapConfig | None = None) -> None:
         etc_view(tmp, owner_prefix(WORKDIR_PREFIX))
 
 
+def _remove(path: Path) -> None:
+    """Blocking: remove the directory `path` and what is in it, if it is there. Most are
+    empty by now (a FIFO goes once opened, gsm8k writes no file): one `rmdir` then."""
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _settle(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -100,8 +112,10 @@ class BwrapRuntime(BwrapCommands):
 
     def _prepare(self, tmp: str) -> Layout:
         """Blocking, in a worker thread (each mkdir here cost the event loop ~0.4 ms at 512
-        starts, a memory cgroup's ~2 ms): the workdir and what `bwrap_layout.fill` makes in it,
-        and the sandbox's cgroup.
+        starts, a memory cgroup's ~2 ms): the workdir, the control directory, what
+        `bwrap_layout.fill` makes, and the sandbox's cgroup. The workdir is the one directory
+        on the temp dir's disk: on ext4 each new inode cost up to ~1.5 ms of CPU in the 512
+        cell (docs/measurements.md, "the disk").
 
         A start cancelled meanwhile runs `_finish` at once, while this thread may still be
         at work: the workdir is made under `_finish_lock` only if `_finish` has not run, the
@@ -280,9 +294,11 @@ class BwrapRuntime(BwrapCommands):
             self._finished = True
 
     def _remove_dirs(self) -> None:
-        for path in (self.workdir, self.control):
+        if self.workdir is None:
+            return
+        for path in (self.workdir, self.control, stage_dir(self.workdir)):
             if path is not None:
-                shutil.rmtree(path, ignore_errors=True)
+                _remove(path)
 
     async def _tear_down(self) -> None:
         """The sandbox's death awaited on the loop, through its pidfd, then `_finish` in a worker
