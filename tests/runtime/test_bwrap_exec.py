@@ -6,6 +6,7 @@ timeout and kill, several at once, and a sandbox whose process count does not gr
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -247,3 +248,36 @@ def test_the_control_and_staging_dirs_are_out_of_the_sandboxs_reach(
     listed, made = in_bwrap(body, rw_binds=[f"{shared}:/work/shared"])
     assert listed == "shared\nend\n"
     assert not any(p.exists() for p in made) and _own_dirs() == before
+
+
+def test_bwraps_status_line_is_read_at_once_when_there_and_awaited_when_not() -> None:
+    """By the executor's answer bwrap has written its status line: one `read`. Should it
+    come later (in pieces, or not at all before bwrap exits), the start waits for it."""
+
+    async def line(*pieces: bytes) -> bytes:
+        r, w = os.pipe()
+        loop = asyncio.get_running_loop()
+        if pieces:
+            os.write(w, pieces[0])
+        for i, piece in enumerate(pieces[1:]):
+            loop.call_later(0.02 * (i + 1), os.write, w, piece)
+        loop.call_later(0.02 * len(pieces), os.close, w)  # bwrap exits
+        try:
+            return await bwrap_runtime._status_line(r)
+        finally:
+            os.close(r)
+
+    async def main() -> list[bytes]:
+        return [
+            await line(b'{"child-pid": 7}\n'),
+            await line(b"", b'{"child-pid": 8}\n'),
+            await line(b'{"child-pi', b'd": 9}\n'),
+            await line(),
+        ]
+
+    assert asyncio.run(main()) == [
+        b'{"child-pid": 7}\n',
+        b'{"child-pid": 8}\n',
+        b'{"child-pid": 9}\n',
+        b"",
+    ]

@@ -81,6 +81,22 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+async def _status_line(fd: int) -> bytes:
+    """bwrap's JSON status line (`{"child-pid": N}`) on `fd`, or b"" if bwrap closed it
+    first. bwrap writes it before it lets the sandbox run, so by the executor's answer it is
+    there to read at once; awaited otherwise (a pipe reader on the loop, ~10 callbacks: not
+    made per start when one `read` will do)."""
+    os.set_blocking(fd, False)
+    try:
+        data = os.read(fd, 4096)
+    except BlockingIOError:
+        data = None
+    if data is not None and (data == b"" or b"\n" in data):
+        return data.split(b"\n", 1)[0] + b"\n" if data else b""
+    rest = await read_line(os.fdopen(os.dup(fd), "rb", 0), READY_TIMEOUT_S)
+    return (data or b"") + rest
+
+
 def _settle(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -215,21 +231,21 @@ class BwrapRuntime(BwrapCommands):
         finally:
             os.close(write_fd)
         assert self._proc.stdin is not None and self._proc.stdout is not None
-        status = os.fdopen(read_fd, "rb", 0)
-        line = await read_line(status, READY_TIMEOUT_S)
-        assert self.workdir is not None
-        owner = (self.host_uid, self.host_gid) if privileged() else None
-        self._executor = Executor(control, owner)
-        ready = b""
-        if line:
+        try:
+            owner = (self.host_uid, self.host_gid) if privileged() else None
+            self._executor = Executor(control, owner)
             # the executor's rlimits; the address space only where no memory cgroup bounds
             # the whole sandbox
             preamble = executor_preamble(
                 self.config.limits, address_space=not self.bounds["memory"]
             )
+            # b"" when bwrap failed: the executor's stdout closes unanswered
             ready = await self._executor.attach(
                 self._proc.stdin, self._proc.stdout, preamble, READY_TIMEOUT_S
             )
+            line = await _status_line(read_fd)
+        finally:
+            os.close(read_fd)
         try:
             pid: int | None = int(json.loads(line)["child-pid"])
         except (ValueError, KeyError, TypeError):
@@ -312,7 +328,8 @@ class BwrapRuntime(BwrapCommands):
             loop.add_reader(fd, _settle, gone)
             try:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(gone, STOP_WAIT_S)
+                    async with asyncio.timeout(STOP_WAIT_S):
+                        await gone
             finally:
                 loop.remove_reader(fd)
                 os.close(fd)
@@ -333,7 +350,8 @@ class BwrapRuntime(BwrapCommands):
             raise
         if self._proc is not None:
             try:
-                await asyncio.wait_for(self._proc.wait(), 5)
+                if self._proc.returncode is None:  # mostly reaped by now
+                    await asyncio.wait_for(self._proc.wait(), 5)
             except Exception as exc:  # killed above: only a stuck reaper is left to wait for
                 logger.warning("bwrap pid %d: no exit status 5 s after its kill: %r",
                                self._proc.pid, exc)  # fmt: skip
