@@ -103,10 +103,16 @@ def _beside(workdir: Path, suffix: str) -> Path:
     """A directory of the sandbox that the sandbox must not reach (its workdir is its own):
     `CONTROL_ROOT/<workdir's name><suffix>` on a tmpfs where the host has one, else beside the
     workdir. (The suffix: `workdir` itself may be on that tmpfs, with `TMPDIR=/dev/shm`.)"""
-    root = Path(CONTROL_ROOT)
-    if root.is_dir() and not root.is_symlink() and os.access(root, os.W_OK | os.X_OK):
-        return root / f"{workdir.name}{suffix}"
-    return workdir.parent / f"{workdir.name}{suffix}"
+    root = workdir.parent if not _usable(CONTROL_ROOT) else Path(CONTROL_ROOT)
+    return root / f"{workdir.name}{suffix}"
+
+
+@functools.lru_cache(maxsize=4)
+def _usable(root: str) -> bool:
+    """Whether `root` is a real directory metrale can make directories in (asked once per
+    process: three system calls, twice a start)."""
+    path = Path(root)
+    return path.is_dir() and not path.is_symlink() and os.access(path, os.W_OK | os.X_OK)
 
 
 def leftover_cgroups() -> list[Path]:
