@@ -49,10 +49,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from metrale.runtime.base import ProgramResult
-from metrale.runtime.procs import PIPE_GRACE_S, CappedBuffer, Capture, Limits, captured
+from metrale.runtime.procs import PIPE_GRACE_S, CappedBuffer, Limits, captured
 
 #: Where the sandbox sees its control directory (`bwrap_setup.control_dir`), read-only.
 CONTROL = "/run/metrale"
@@ -285,7 +285,7 @@ class Executor:
         command = _Command(loop.create_future(), loop.create_future(), loop.create_future())
         command.fifos = self._fifos(n, stdin is not None)
         fds: list[int] = []
-        transports: list[asyncio.BaseTransport] = []
+        transports: list[_Closes] = []
         out, err = CappedBuffer(cap), CappedBuffer(cap)
         timed_out = False
         self._pending[n] = command
@@ -319,7 +319,7 @@ class Executor:
         self,
         command: _Command,
         fds: list[int],
-        transports: list[asyncio.BaseTransport],
+        transports: list[_Closes],
         out: CappedBuffer,
         err: CappedBuffer,
         stdin: bytes | None,
@@ -336,12 +336,9 @@ class Executor:
             return command.exited.result() if command.exited.done() else KILLED
         closed = []
         for fd, buffer in ((fds[0], out), (fds[1], err)):
-            capture = Capture(buffer)
-            transport, _ = await loop.connect_read_pipe(
-                _returning(capture), os.fdopen(os.dup(fd), "rb", 0)
-            )
-            transports.append(transport)
-            closed.append(capture.closed)
+            drain = _Drain(loop, fd, buffer)
+            transports.append(drain)
+            closed.append(drain.closed)
         if stdin is not None:
             await self._feed(command.fifos[2], stdin, transports)
             os.close(fds.pop())  # held only so that W's open did not wait
@@ -360,7 +357,7 @@ class Executor:
             await _first(PIPE_GRACE_S, both)
         return code
 
-    async def _feed(self, name: str, data: bytes, transports: list[asyncio.BaseTransport]) -> None:
+    async def _feed(self, name: str, data: bytes, transports: list[_Closes]) -> None:
         """Write `data` to the FIFO W reads as stdin, then EOF. Through a write-only end of
         its own: asyncio takes a readable write end for a closed reader, and the read-write
         end that kept W's open from waiting is readable while data waits in it."""
@@ -417,5 +414,36 @@ def _all(futures: list[asyncio.Future[None]]) -> asyncio.Future[None]:
     return done
 
 
-def _returning(capture: Capture) -> Callable[[], Capture]:
-    return lambda: capture
+class _Closes(Protocol):
+    def close(self) -> None: ...
+
+
+class _Drain:
+    """One of a command's output FIFOs read on the loop into `buffer` (`closed` done at its
+    EOF): a reader callback on metrale's fd, which stays the caller's to close. A pipe
+    transport per FIFO (a dup, a file object, connection callbacks) was a tenth of the event
+    loop's callbacks in the 512-sandbox cell."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, buffer: CappedBuffer) -> None:
+        self.loop, self.fd, self.buffer = loop, fd, buffer
+        self.closed: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(fd, self._readable)
+
+    def _readable(self) -> None:
+        try:
+            data = os.read(self.fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            self.buffer.add(data)
+            return
+        self.close()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self.loop.remove_reader(self.fd)
+            self.fd = -1
