@@ -29,36 +29,52 @@ def awk_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def grade(awk_file: Path, text: str, ref: str = "18") -> tuple[int, dict | None]:
-    path = awk_file.parent / "completion.txt"
-    path.write_bytes(text.encode("utf-8", "surrogatepass"))
-    proc = subprocess.run(
-        ["awk", "-v", f"ref={ref}", "-f", str(awk_file), str(path)],
-        capture_output=True, text=True, env=ENV, timeout=30,
-    )  # fmt: skip
+#: how the text reaches awk: as the file it reads, or as an argument (`text_arg`), as metrale
+#: gives it (the program as an argument too)
+HOW = ["file", "argument"]
+
+
+def grade(awk_file: Path, text: str, ref: str = "18", how: str = "file") -> tuple[int, dict | None]:
+    data = text.encode("utf-8", "surrogatepass")
+    if how == "file" or b"\0" in data:  # no argument holds a NUL: metrale writes the file
+        path = awk_file.parent / "completion.txt"
+        path.write_bytes(data)
+        argv = ["awk", "-v", f"ref={ref}", "-f", str(awk_file), str(path)]
+    else:
+        argv = ["awk", "-v", f"ref={ref}", "-v", "text_arg=1", awk_file.read_text(), data]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=ENV, timeout=30)
     return proc.returncode, (json.loads(proc.stdout) if proc.stdout.strip() else None)
+
+
+#: every text in `$1`, graded as a file and as an argument (`$(...; echo x)` keeps its last
+#: newlines), a line each (the exit status, then the verdict), in one shell: a Python
+#: subprocess per text would take most of the test
+EACH_TEXT = """for f in "$1"/*.txt; do
+  v=$(awk -v ref=0 -f "$0" "$f"); echo "$? $v"
+  t=$(cat "$f"; echo x); v=$(awk -v ref=0 -v text_arg=1 "$(cat "$0")" "${t%x}"); echo "$? $v"
+done"""
 
 
 def test_equal_to_extract_answer_on_the_whole_data_set(awk_file: Path, tmp_path: Path) -> None:
     texts = [t for r in gsm8k_test() for t in (r.answer, r.question)]
     for i, text in enumerate(texts):
         (tmp_path / f"{i:05d}.txt").write_text(text, encoding="utf-8")
-    # one shell for all of them: a Python subprocess per text would take most of the test
-    script = 'for f in "$1"/*.txt; do awk -v ref=0 -f "$0" "$f"; echo "exit $?"; done'
     out = subprocess.run(
-        ["sh", "-c", script, str(awk_file), str(tmp_path)],
+        ["sh", "-c", EACH_TEXT, str(awk_file), str(tmp_path)],
         capture_output=True, text=True, env=ENV, timeout=300, check=True,
     ).stdout.splitlines()  # fmt: skip
+    assert len(out) == 2 * len(texts)
     graded = declined = 0
-    lines = iter(out)
-    for text in texts:
-        line = next(lines)
-        if line == "exit 3":
+    for i, text in enumerate(texts):
+        as_file, as_argument = out[2 * i], out[2 * i + 1]
+        assert as_file == as_argument, text[-300:]
+        code, _, verdict = as_file.partition(" ")
+        if code == "3":
             declined += 1
-            assert any(ord(c) > 127 for c in text)
+            assert any(ord(c) > 127 for c in text) and not verdict
             continue
-        assert next(lines) == "exit 0"
-        assert json.loads(line)["parsed"] == extract_answer(text), text[-300:]
+        assert code == "0"
+        assert json.loads(verdict)["parsed"] == extract_answer(text), text[-300:]
         graded += 1
     assert graded == 2 * 1319 - declined and graded > 2400  # awk graded nearly all of it
 
@@ -107,12 +123,18 @@ CASES = [
     "5\x00 6",
     "answer is\t\x0b 8",
     "\\boxed{\n$\n9}",
+    "18\n",
+    "A:\n\n",
+    "answer: 7\n\n\n",
+    "-v",
+    "x=5",
 ]
 
 
+@pytest.mark.parametrize("how", HOW)
 @pytest.mark.parametrize("text", CASES)
-def test_equal_on_each_rules_corner_cases(awk_file: Path, text: str) -> None:
-    code, verdict = grade(awk_file, text)
+def test_equal_on_each_rules_corner_cases(awk_file: Path, text: str, how: str) -> None:
+    code, verdict = grade(awk_file, text, how=how)
     if code == 3:  # declined: only a fraction longer than Decimal's precision, here
         assert "." in text and len(text) > 28
         return
@@ -132,6 +154,7 @@ TOKENS = [
 @given(st.lists(st.sampled_from(TOKENS), max_size=24).map("".join))
 def test_equal_on_generated_texts(awk_file: Path, text: str) -> None:
     code, verdict = grade(awk_file, text)
+    assert grade(awk_file, text, how="argument") == (code, verdict)
     if code == 3:
         assert any(ord(c) > 127 for c in text) or "." in text
         return
@@ -140,5 +163,6 @@ def test_equal_on_generated_texts(awk_file: Path, text: str) -> None:
 
 
 @pytest.mark.parametrize("text", ["résumé: #### 18", "١٨", "answer is\u00a018", "ſo 5"])
-def test_declines_any_non_ascii_text(awk_file: Path, text: str) -> None:
-    assert grade(awk_file, text) == (3, None)
+@pytest.mark.parametrize("how", HOW)
+def test_declines_any_non_ascii_text(awk_file: Path, text: str, how: str) -> None:
+    assert grade(awk_file, text, how=how) == (3, None)

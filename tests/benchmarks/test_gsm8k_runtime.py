@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from metrale.benchmarks.gsm8k.benchmark import TEXT_ARG_MAX
 from tests.conftest import Sim, run_cli, start_sim
 from tests.runtime.conftest import HAVE_BWRAP
 
@@ -64,6 +65,24 @@ def test_a_text_awk_declines_is_graded_by_python_in_the_sandbox(tmp_path: Path) 
         assert record["error"] is None
         assert record["metrics"]["grader"] == "python"
         assert record["metrics"]["parsed"] == "18"
+
+
+@pytest.mark.skipif(not HAVE_BWRAP, reason="bwrap not installed")
+def test_a_completion_too_long_for_an_argument_is_graded_from_a_file(tmp_path: Path) -> None:
+    words = TEXT_ARG_MAX // 5
+    reply = "step " * words + "so the answer is #### 18"
+    with start_sim("--reply", reply) as s:
+        proc = run_cli(
+            ["run", "gsm8k", "--target", s.url, "--runtime", "bwrap", "--rollouts", "2",
+             "--seed", "none", "--out", str(tmp_path), "--no-preflight",
+             "--max-tokens", str(words + 10)],
+            timeout=180,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    for line in (tmp_path / "rollouts.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        assert record["error"] is None
+        assert (record["metrics"]["grader"], record["metrics"]["parsed"]) == ("awk", "18")
 
 
 def test_without_a_runtime_grading_stays_in_process(sim: Sim, tmp_path: Path) -> None:

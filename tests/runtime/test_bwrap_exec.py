@@ -6,13 +6,14 @@ timeout and kill, several at once, and a sandbox whose process count does not gr
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from metrale.runtime import Runtime, bwrap_runtime, create_runtime, runtime_config
+from metrale.runtime import Runtime, bwrap_runtime, bwrap_setup, create_runtime, runtime_config
 from metrale.runtime.base import RuntimeStartError, SandboxLostError
 from metrale.runtime.bwrap import BwrapRuntime
 from metrale.runtime.bwrap_exec import CONTROL, command_script
@@ -40,9 +41,26 @@ def test_arguments_and_environment_arrive_verbatim() -> None:
     )
 
 
-def test_a_script_is_one_line_whatever_the_command_holds() -> None:
-    script = command_script(7, ["printf", "a\nb\n\n"], {"V": "x\ny"}, "/w\nd", 5, stdin=True)
-    assert script.endswith("\n") and script.count("\n") == 1
+def test_the_executor_reads_a_long_command_in_blocks_not_a_byte_at_a_time() -> None:
+    """A shell's `read` takes a byte a system call; the executor reads its scripts as its
+    own input, a block at a time (`/proc/PID/io`'s `syscr` counts its reads)."""
+    word = "x" * 100_000
+
+    def reads(rt: BwrapRuntime) -> int:
+        assert rt._sandbox is not None
+        (executor,) = rt._sandbox.keep
+        io = Path(f"/proc/{executor}/io").read_text()
+        return int(next(line for line in io.splitlines() if line.startswith("syscr:")).split()[1])
+
+    async def body(rt: Runtime) -> tuple[int, str]:
+        assert isinstance(rt, BwrapRuntime)
+        before = reads(rt)
+        result = await rt.run(["sh", "-c", 'printf %s "$0" "$1" | wc -c', word, f"\n{word}"])
+        return reads(rt) - before, result.stdout
+
+    count, out = in_bwrap(body)
+    assert out.strip() == str(2 * len(word) + 1)
+    assert count < 100, f"{count} reads for a 200 KB script"
 
 
 def test_a_null_byte_is_refused_as_by_exec() -> None:
@@ -203,3 +221,63 @@ def test_sandboxes_run_with_their_temp_dirs_on_the_control_dirs_tmpfs(
 
     assert in_bwrap(body) == "there\n"
     assert _own_dirs() == before
+
+
+@pytest.mark.parametrize("control_root", [CONTROL_ROOT, "/nonexistent-metrale-control"])
+def test_the_control_and_staging_dirs_are_out_of_the_sandboxs_reach(
+    control_root: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The workdir is the sandbox's own (its host uid owns it, `/work` binds it writable), so
+    the control directory (FIFOs) and root's staging paths go beside it, never in it: on the
+    tmpfs where there is one, else next to the workdir. The sandbox sees an empty `/work`
+    and nothing of either; all three are gone after the stop."""
+    monkeypatch.setattr(bwrap_setup, "CONTROL_ROOT", control_root)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    before = _own_dirs()
+    tmpfs = Path(control_root).is_dir()
+
+    async def body(rt: Runtime) -> tuple[str, list[Path]]:
+        assert isinstance(rt, BwrapRuntime) and rt.workdir is not None and rt.control
+        where = Path(control_root) if tmpfs else rt.workdir.parent
+        assert rt.control.parent == where and rt.control.name == rt.workdir.name + ".ctl"
+        made = [rt.workdir, rt.control, bwrap_setup.stage_dir(rt.workdir)]
+        listed = await rt.run("ls -A /work; ls -A /work/shared; echo end")
+        return listed.stdout, made
+
+    listed, made = in_bwrap(body, rw_binds=[f"{shared}:/work/shared"])
+    assert listed == "shared\nend\n"
+    assert not any(p.exists() for p in made) and _own_dirs() == before
+
+
+def test_bwraps_status_line_is_read_at_once_when_there_and_awaited_when_not() -> None:
+    """By the executor's answer bwrap has written its status line: one `read`. Should it
+    come later (in pieces, or not at all before bwrap exits), the start waits for it."""
+
+    async def line(*pieces: bytes) -> bytes:
+        r, w = os.pipe()
+        loop = asyncio.get_running_loop()
+        if pieces:
+            os.write(w, pieces[0])
+        for i, piece in enumerate(pieces[1:]):
+            loop.call_later(0.02 * (i + 1), os.write, w, piece)
+        loop.call_later(0.02 * len(pieces), os.close, w)  # bwrap exits
+        try:
+            return await bwrap_runtime._status_line(r)
+        finally:
+            os.close(r)
+
+    async def main() -> list[bytes]:
+        return [
+            await line(b'{"child-pid": 7}\n'),
+            await line(b"", b'{"child-pid": 8}\n'),
+            await line(b'{"child-pi', b'd": 9}\n'),
+            await line(),
+        ]
+
+    assert asyncio.run(main()) == [
+        b'{"child-pid": 7}\n',
+        b'{"child-pid": 8}\n',
+        b'{"child-pid": 9}\n',
+        b"",
+    ]

@@ -5,7 +5,8 @@ namespaces (loopback only unless `network`), system directories and a copy of a 
 files (`bwrap_etc`) bound read-only, the sandbox's root read-only, the rollout's workdir
 writable at `/work`, sized tmpfs at `/tmp` and `/dev/shm` (the rest of `/dev` read-only),
 `--die-with-parent` and `--new-session`. That `sh` is the sandbox's executor (`bwrap_exec`),
-which forks every command. `start()` returns when it echoes the line fed to it: bwrap's
+which reads its script from its stdin (`sh -s`) and forks every command. `start()` returns
+when it answers the preamble metrale writes first (its rlimits, then "ready"): bwrap's
 `--json-status-fd` gives the pid before the uid map is written, so only an answer from inside
 means ready.
 
@@ -37,7 +38,9 @@ What holds, and how:
   `/work` is host disk bounded only per file (RLIMIT_FSIZE); see the README's table.
 - **Every exit path stops it**: bwrap dies with metrale (`--die-with-parent`; before bwrap
   has armed it, a dead metrale leaves the executor at EOF, and the sandbox ends by itself;
-  the watchdog is the backstop); `stop()` kills synchronously, and finishes waiting, cgroup
+  the watchdog is the backstop, and kills by the workdir a process's command line names even
+  after removing it: a bwrap killed in its first milliseconds leaves a PID 1 that waits for it
+  forever, outside the cgroups); `stop()` kills synchronously, and finishes waiting, cgroup
   removal and rmtree even when the awaiting task is cancelled.
 
 Each `run()` is forked inside by the executor, as uid 1000 of the sandbox's user namespace, in

@@ -35,7 +35,7 @@ class BwrapCommands(RuntimeBase):
     `start()` sets them (`bwrap_runtime.BwrapRuntime`)."""
 
     config: BwrapConfig
-    #: the sandbox's host temp dir (`WORKDIR_PREFIX*`); `/work` is its `work/`
+    #: the sandbox's workdir on the host (`WORKDIR_PREFIX*`), bound at `config.workdir`
     workdir: Path | None
     host_uid: int
     host_gid: int
@@ -49,7 +49,7 @@ class BwrapCommands(RuntimeBase):
         """The host directory bound writable at `config.workdir`."""
         if self.workdir is None:
             raise RuntimeError("bwrap runtime is not started")
-        return self.workdir / "work"
+        return self.workdir
 
     @property
     def bounds(self) -> dict[str, bool]:

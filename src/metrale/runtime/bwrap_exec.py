@@ -18,9 +18,9 @@ The protocol, per command `N`:
 - metrale makes `N.o`, `N.e` (and `N.i` for stdin) as FIFOs owned by the sandbox's host uid
   in the sandbox's control directory, which bwrap binds read-only at `CONTROL` (the sandbox
   cannot make, remove or replace anything there; a FIFO opens for writing on a read-only
-  mount). It opens its ends first, then writes the script: one line, whatever the command
-  holds (a newline inside an argument is written `'"$N"'`, `N` being the executor's newline).
-- The executor evaluates the script: it forks W (stdin `/dev/null`) and answers `N pid P`,
+  mount). It opens its ends first, then writes the script, which the executor reads as the
+  rest of its own input (every word single-quoted, newlines and all; `command_script`).
+- The executor runs the script: it forks W (stdin `/dev/null`) and answers `N pid P`,
   W's pid in the sandbox. W opens the FIFOs and answers `N open` (or `N exit 126` when it
   cannot), runs the command in a subshell (`cd`, `PWD` unset, `ulimit -t`, `export`, `exec`),
   answers `N exit STATUS` and ends, which closes W's ends of the FIFOs.
@@ -49,26 +49,29 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from metrale.runtime.base import ProgramResult
-from metrale.runtime.procs import PIPE_GRACE_S, CappedBuffer, Capture, Limits, captured
+from metrale.runtime.procs import PIPE_GRACE_S, CappedBuffer, Limits, captured
 
 #: Where the sandbox sees its control directory (`bwrap_setup.control_dir`), read-only.
 CONTROL = "/run/metrale"
-_LOOP = "N='\n'\nwhile IFS= read -r l; do eval \"$l\"; done\n"
+#: The executor: a shell that reads its script from its stdin, which metrale writes to. dash
+#: and busybox read it 8 KB a `read(2)`; a `while read -r l; do eval "$l"; done` loop read
+#: it a byte a `read(2)` (so does any shell's `read`), 5,700 system calls for gsm8k's grader.
+EXECUTOR = ["sh", "-s"]
 
 
-def executor_argv(limits: Limits, *, address_space: bool) -> list[str]:
-    """The executor, the sandbox's own command. It first lowers its rlimits, soft and hard,
-    to `limits` (CPU seconds aside: they count per process, so each command gets its own,
-    `command_script`; address space only with `address_space`), before anything else runs
-    in the sandbox, so every command inherits them and none can raise them. (Set from the
-    host, they would need CAP_SYS_RESOURCE over the sandbox's host uid, which a container's
-    root often lacks.) Then it echoes the first line (the start's "ready") and evaluates one
-    script per command, one line each (`command_script`). EOF on its stdin
-    (metrale gone, or `stop()`) ends it, and with it the sandbox; its stderr is /dev/null
-    once it is ready. Processes are `-p` to dash and `-u` to bash and busybox."""
+def executor_preamble(limits: Limits, *, address_space: bool) -> bytes:
+    """What metrale writes first to the executor's stdin. It lowers the executor's rlimits,
+    soft and hard, to `limits` (CPU seconds aside: they count per process, so each command
+    gets its own, `command_script`; address space only with `address_space`), before anything
+    else runs in the sandbox, so every command inherits them and none can raise them. (Set
+    from the host, they would need CAP_SYS_RESOURCE over the sandbox's host uid, which a
+    container's root often lacks.) Then it answers "ready" and sends its stderr to /dev/null;
+    a script per command follows (`command_script`). EOF on its stdin (metrale gone, or
+    `stop()`) ends it, and with it the sandbox. Processes are `-p` to dash and `-u` to bash
+    and busybox."""
     steps = []
     if limits.max_procs is not None:
         n = int(limits.max_procs)
@@ -78,8 +81,7 @@ def executor_argv(limits: Limits, *, address_space: bool) -> list[str]:
     if limits.file_size_mb is not None:
         steps.append(f"ulimit -f {int(limits.file_size_mb) << 11}")  # 512-byte blocks
     bound = " && ".join(steps) + " || exit 1\n" if steps else ""
-    ready = 'IFS= read -r l || exit 1; echo "$l"; exec 2>/dev/null\n'
-    return ["sh", "-c", bound + ready + _LOOP]
+    return (bound + "echo ready; exec 2>/dev/null\n").encode()
 
 
 #: An answer longer than this is not one of the executor's.
@@ -117,12 +119,12 @@ def command_script(
     *,
     stdin: bool,
 ) -> str:
-    """The script the executor evaluates for command `n`, one line (see the module
-    docstring)."""
+    """The script the executor runs for command `n` (see the module docstring): one complete
+    shell command, so the executor runs it as soon as it has read it."""
     for part in (*argv, *env, *env.values(), cwd or ""):
         if "\0" in part:
             raise ValueError("embedded null byte")
-    q = _quote
+    q = shlex.quote
     base = f"{CONTROL}/{n}"
     inputs = f"<{q(base + '.i')} " if stdin else ""
     steps = [f"cd -- {q(cwd)} || exit"] if cwd else []
@@ -143,12 +145,6 @@ def command_script(
         f'( {command} ) 4>&-; echo "{n} exit $?" >&4; }} </dev/null 2>/dev/null & '
         f'echo "{n} pid $!"\n'
     )
-
-
-def _quote(text: str) -> str:
-    """`text` quoted for the executor's `eval`, on one line: a newline (always inside single
-    quotes after `shlex.quote`) leaves the quotes for the executor's `$N`."""
-    return shlex.quote(text).replace("\n", "'\"$N\"'")
 
 
 class _Answers(asyncio.Protocol):
@@ -188,14 +184,17 @@ class Executor:
         self._answers: asyncio.Future[bytes] | None = None
         self.ended = asyncio.get_running_loop().create_future()
 
-    async def attach(self, stdin: IO[bytes], stdout: IO[bytes], ready_timeout: float) -> bytes:
-        """Take the executor's pipes (closed with this executor) and return its first answer:
-        the line echoed back at the start (b"" if none came within `ready_timeout`)."""
+    async def attach(
+        self, stdin: IO[bytes], stdout: IO[bytes], preamble: bytes, ready_timeout: float
+    ) -> bytes:
+        """Take the executor's pipes (closed with this executor), write it `preamble`
+        (`executor_preamble`) and return its first answer: b"ready\\n" once the preamble
+        has run (b"" if none came within `ready_timeout`)."""
         loop = asyncio.get_running_loop()
         self._answers = loop.create_future()
         self._reader, _ = await loop.connect_read_pipe(lambda: _Answers(self), stdout)
         self._scripts, _ = await loop.connect_write_pipe(asyncio.Protocol, stdin)
-        self._scripts.write(b"ready\n")
+        self._scripts.write(preamble)
         try:
             return await asyncio.wait_for(asyncio.shield(self._answers), ready_timeout)
         except TimeoutError:
@@ -286,7 +285,7 @@ class Executor:
         command = _Command(loop.create_future(), loop.create_future(), loop.create_future())
         command.fifos = self._fifos(n, stdin is not None)
         fds: list[int] = []
-        transports: list[asyncio.BaseTransport] = []
+        transports: list[_Closes] = []
         out, err = CappedBuffer(cap), CappedBuffer(cap)
         timed_out = False
         self._pending[n] = command
@@ -320,7 +319,7 @@ class Executor:
         self,
         command: _Command,
         fds: list[int],
-        transports: list[asyncio.BaseTransport],
+        transports: list[_Closes],
         out: CappedBuffer,
         err: CappedBuffer,
         stdin: bytes | None,
@@ -337,12 +336,9 @@ class Executor:
             return command.exited.result() if command.exited.done() else KILLED
         closed = []
         for fd, buffer in ((fds[0], out), (fds[1], err)):
-            capture = Capture(buffer)
-            transport, _ = await loop.connect_read_pipe(
-                _returning(capture), os.fdopen(os.dup(fd), "rb", 0)
-            )
-            transports.append(transport)
-            closed.append(capture.closed)
+            drain = _Drain(loop, fd, buffer)
+            transports.append(drain)
+            closed.append(drain.closed)
         if stdin is not None:
             await self._feed(command.fifos[2], stdin, transports)
             os.close(fds.pop())  # held only so that W's open did not wait
@@ -361,7 +357,7 @@ class Executor:
             await _first(PIPE_GRACE_S, both)
         return code
 
-    async def _feed(self, name: str, data: bytes, transports: list[asyncio.BaseTransport]) -> None:
+    async def _feed(self, name: str, data: bytes, transports: list[_Closes]) -> None:
         """Write `data` to the FIFO W reads as stdin, then EOF. Through a write-only end of
         its own: asyncio takes a readable write end for a closed reader, and the read-write
         end that kept W's open from waiting is readable while data waits in it."""
@@ -418,5 +414,36 @@ def _all(futures: list[asyncio.Future[None]]) -> asyncio.Future[None]:
     return done
 
 
-def _returning(capture: Capture) -> Callable[[], Capture]:
-    return lambda: capture
+class _Closes(Protocol):
+    def close(self) -> None: ...
+
+
+class _Drain:
+    """One of a command's output FIFOs read on the loop into `buffer` (`closed` done at its
+    EOF): a reader callback on metrale's fd, which stays the caller's to close. A pipe
+    transport per FIFO (a dup, a file object, connection callbacks) was a tenth of the event
+    loop's callbacks in the 512-sandbox cell."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, buffer: CappedBuffer) -> None:
+        self.loop, self.fd, self.buffer = loop, fd, buffer
+        self.closed: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(fd, self._readable)
+
+    def _readable(self) -> None:
+        try:
+            data = os.read(self.fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            self.buffer.add(data)
+            return
+        self.close()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self.loop.remove_reader(self.fd)
+            self.fd = -1

@@ -1,7 +1,7 @@
 """What one bwrap sandbox is made of on the host, before bwrap runs: its workdir (filled from
 a seed and handed to the sandbox's uid), as root a staging path per bind source and for the
-image root, the `/etc` to show, and bwrap's own argv over them. Blocking: the runtime calls
-`fill` in a worker thread (`bwrap_runtime`)."""
+image root (beside the workdir, out of the sandbox's reach), the `/etc` to show, and bwrap's
+own argv over them. Blocking: the runtime calls `fill` in a worker thread (`bwrap_runtime`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from metrale.runtime.base import RuntimeStartError
 from metrale.runtime.bwrap_etc import etc_view
-from metrale.runtime.bwrap_exec import CONTROL, executor_argv
+from metrale.runtime.bwrap_exec import CONTROL, EXECUTOR
 from metrale.runtime.bwrap_seed import SeedError, copy_seed, open_in_root
 from metrale.runtime.bwrap_setup import (
     SANDBOX_PATH,
@@ -19,6 +19,7 @@ from metrale.runtime.bwrap_setup import (
     WORKDIR_PREFIX,
     hand_over,
     privileged,
+    stage_dir,
     system_binds,
 )
 from metrale.runtime.bwrap_watchdog import owner_prefix
@@ -44,22 +45,22 @@ class Layout(NamedTuple):
 def fill(
     config: BwrapConfig, workdir: Path, owner: tuple[int, int], tmp: str
 ) -> tuple[Layout, list[str]]:
-    """Fill the sandbox's temp dir `workdir` (made by the caller): `work/` seeded or empty and
-    owned by `owner` (the sandbox's host uid and gid), the staging paths, the `/etc` copy.
-    Returns the layout and what the seed's copy skipped."""
-    host_workdir = workdir / "work"
-    os.chmod(workdir, 0o711)
-    skipped = _seed(config, host_workdir, owner[0])
+    """Fill the sandbox's workdir `workdir` (made empty by the caller): seeded or left empty,
+    then owned by `owner` (the sandbox's host uid and gid); as root, the staging paths (in
+    `stage_dir`, which the sandbox cannot reach); the `/etc` copy. Returns the layout and
+    what the seed's copy skipped."""
+    skipped = _seed(config, workdir, owner[0])
     if skipped is None:
-        host_workdir.mkdir(mode=0o700)
-    os.chown(host_workdir, *owner)
+        os.chown(workdir, *owner)
     binds: Binds = []
     staging: list[tuple[str, str]] = []
     root = config.root
+    stage = stage_dir(workdir)
+    if privileged() and (root is not None or config.binds):
+        stage.mkdir(mode=0o711)  # refuses whatever is there already (/dev/shm is shared)
+        os.chmod(stage, 0o711)
     if root is not None and privileged():
-        (workdir / "stage").mkdir(mode=0o711)
-        os.chmod(workdir / "stage", 0o711)
-        staged_root = workdir / "stage" / "root"
+        staged_root = stage / "root"
         staged_root.mkdir()
         staging.append((os.path.abspath(root), str(staged_root)))
         root = str(staged_root)
@@ -70,9 +71,7 @@ def fill(
         if privileged():
             if bind.writable:
                 hand_over(Path(src), owner[0])
-            staged = workdir / "stage" / str(i)
-            staged.parent.mkdir(mode=0o711, exist_ok=True)
-            os.chmod(staged.parent, 0o711)
+            staged = stage / str(i)
             if os.path.isdir(src):
                 staged.mkdir()
             else:
@@ -85,9 +84,10 @@ def fill(
     return Layout(binds, staging, root, etc), skipped or []
 
 
-def _seed(config: BwrapConfig, host_workdir: Path, uid: int) -> list[str] | None:
+def _seed(config: BwrapConfig, workdir: Path, uid: int) -> list[str] | None:
     """Fill the workdir from the seed (`bwrap_seed`: no link followed on the host, only
-    files and directories, bounded); what it skipped, or None when there is nothing to copy."""
+    files and directories, bounded) and hand it to `uid`; what the copy skipped, or None when
+    there is nothing to copy."""
     try:
         if config.seed_from_root and config.root is not None:
             src_fd = open_in_root(config.root, config.workdir)
@@ -98,12 +98,12 @@ def _seed(config: BwrapConfig, host_workdir: Path, uid: int) -> list[str] | None
         if src_fd is None:  # a WORKDIR the image lacks: empty, as docker makes it
             return None
         try:
-            seeded = copy_seed(src_fd, host_workdir, config.seed_max_mb << 20)
+            seeded = copy_seed(src_fd, workdir, config.seed_max_mb << 20)
         finally:
             os.close(src_fd)
     except SeedError as exc:
         raise RuntimeStartError(str(exc)) from exc
-    hand_over(host_workdir, uid)
+    hand_over(workdir, uid)
     return seeded.skipped
 
 
@@ -119,13 +119,10 @@ def bwrap_argv(
     layout: Layout,
     *,
     control: Path,
-    address_space: bool = True,
 ) -> list[str]:
     """bwrap's argv: `layout.root` is where bwrap reaches `config.root` (its staging path, as
     root); `layout.etc` the directory shown at `/etc` when there is no image root; `control`
-    the executor's control directory, bound read-only at `CONTROL`; `address_space`: whether
-    the executor bounds each process's address space (where no memory cgroup bounds the
-    whole sandbox)."""
+    the executor's control directory, bound read-only at `CONTROL`."""
     cfg = config
     argv = [host_tool("bwrap"), "--unshare-all", "--unshare-user"]
     if cfg.network:
@@ -146,8 +143,7 @@ def bwrap_argv(
     # workdir, /tmp, /dev/shm and writable binds take writes
     argv += ["--remount-ro", "/"]
     argv += ["--chdir", cfg.workdir, "--clearenv", "--setenv", "PATH", SANDBOX_PATH]
-    # bwrap reports the pid before it writes the uid map: "ready" echoed from inside by the
-    # executor (the sandbox's own command, which forks every command) means it runs
-    executor = executor_argv(cfg.limits, address_space=address_space)
-    argv += ["--json-status-fd", str(status_fd), "--", *executor]
+    # bwrap reports the pid before it writes the uid map: "ready" from inside, answered by
+    # the executor (the sandbox's own command, which forks every command), means it runs
+    argv += ["--json-status-fd", str(status_fd), "--", *EXECUTOR]
     return argv

@@ -22,7 +22,7 @@ from metrale.runtime import bwrap_setup
 from metrale.runtime.base import RuntimeStartError, Throttle
 from metrale.runtime.bwrap_commands import BwrapCommands
 from metrale.runtime.bwrap_etc import etc_view
-from metrale.runtime.bwrap_exec import Executor
+from metrale.runtime.bwrap_exec import Executor, executor_preamble
 from metrale.runtime.bwrap_layout import Layout, bwrap_argv, fill
 from metrale.runtime.bwrap_setup import (
     HOST_UID_BASE,
@@ -36,6 +36,7 @@ from metrale.runtime.bwrap_setup import (
     privileged,
     sandbox_tmpdir,
     stage_argv,
+    stage_dir,
 )
 from metrale.runtime.bwrap_watchdog import ensure_watchdog, owner_prefix
 from metrale.runtime.cgroups import SandboxCgroup
@@ -69,6 +70,33 @@ def check_bwrap(config: BwrapConfig | None = None) -> None:
         etc_view(tmp, owner_prefix(WORKDIR_PREFIX))
 
 
+def _remove(path: Path) -> None:
+    """Blocking: remove the directory `path` and what is in it, if it is there. Most are
+    empty by now (a FIFO goes once opened, gsm8k writes no file): one `rmdir` then."""
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+async def _status_line(fd: int) -> bytes:
+    """bwrap's JSON status line (`{"child-pid": N}`) on `fd`, or b"" if bwrap closed it
+    first. bwrap writes it before it lets the sandbox run, so by the executor's answer it is
+    there to read at once; awaited otherwise (a pipe reader on the loop, ~10 callbacks: not
+    made per start when one `read` will do)."""
+    os.set_blocking(fd, False)
+    try:
+        data = os.read(fd, 4096)
+    except BlockingIOError:
+        data = None
+    if data is not None and (data == b"" or b"\n" in data):
+        return data.split(b"\n", 1)[0] + b"\n" if data else b""
+    rest = await read_line(os.fdopen(os.dup(fd), "rb", 0), READY_TIMEOUT_S)
+    return (data or b"") + rest
+
+
 def _settle(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -100,8 +128,10 @@ class BwrapRuntime(BwrapCommands):
 
     def _prepare(self, tmp: str) -> Layout:
         """Blocking, in a worker thread (each mkdir here cost the event loop ~0.4 ms at 512
-        starts, a memory cgroup's ~2 ms): the workdir and what `bwrap_layout.fill` makes in it,
-        and the sandbox's cgroup.
+        starts, a memory cgroup's ~2 ms): the workdir, the control directory, what
+        `bwrap_layout.fill` makes, and the sandbox's cgroup. The workdir is the one directory
+        on the temp dir's disk: on ext4 each new inode cost up to ~1.5 ms of CPU in the 512
+        cell (docs/measurements.md, "the disk").
 
         A start cancelled meanwhile runs `_finish` at once, while this thread may still be
         at work: the workdir is made under `_finish_lock` only if `_finish` has not run, the
@@ -184,7 +214,6 @@ class BwrapRuntime(BwrapCommands):
                 STATUS_FD if direct else write_fd,
                 prepared,
                 control=control,
-                address_space=not self.bounds["memory"],
             )
         except BaseException:  # e.g. an image root gone since it was checked
             os.close(read_fd)
@@ -202,16 +231,21 @@ class BwrapRuntime(BwrapCommands):
         finally:
             os.close(write_fd)
         assert self._proc.stdin is not None and self._proc.stdout is not None
-        status = os.fdopen(read_fd, "rb", 0)
-        line = await read_line(status, READY_TIMEOUT_S)
-        assert self.workdir is not None
-        owner = (self.host_uid, self.host_gid) if privileged() else None
-        self._executor = Executor(control, owner)
-        ready = b""
-        if line:
-            ready = await self._executor.attach(
-                self._proc.stdin, self._proc.stdout, READY_TIMEOUT_S
+        try:
+            owner = (self.host_uid, self.host_gid) if privileged() else None
+            self._executor = Executor(control, owner)
+            # the executor's rlimits; the address space only where no memory cgroup bounds
+            # the whole sandbox
+            preamble = executor_preamble(
+                self.config.limits, address_space=not self.bounds["memory"]
             )
+            # b"" when bwrap failed: the executor's stdout closes unanswered
+            ready = await self._executor.attach(
+                self._proc.stdin, self._proc.stdout, preamble, READY_TIMEOUT_S
+            )
+            line = await _status_line(read_fd)
+        finally:
+            os.close(read_fd)
         try:
             pid: int | None = int(json.loads(line)["child-pid"])
         except (ValueError, KeyError, TypeError):
@@ -276,9 +310,11 @@ class BwrapRuntime(BwrapCommands):
             self._finished = True
 
     def _remove_dirs(self) -> None:
-        for path in (self.workdir, self.control):
+        if self.workdir is None:
+            return
+        for path in (self.workdir, self.control, stage_dir(self.workdir)):
             if path is not None:
-                shutil.rmtree(path, ignore_errors=True)
+                _remove(path)
 
     async def _tear_down(self) -> None:
         """The sandbox's death awaited on the loop, through its pidfd, then `_finish` in a worker
@@ -292,7 +328,8 @@ class BwrapRuntime(BwrapCommands):
             loop.add_reader(fd, _settle, gone)
             try:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(gone, STOP_WAIT_S)
+                    async with asyncio.timeout(STOP_WAIT_S):
+                        await gone
             finally:
                 loop.remove_reader(fd)
                 os.close(fd)
@@ -313,7 +350,8 @@ class BwrapRuntime(BwrapCommands):
             raise
         if self._proc is not None:
             try:
-                await asyncio.wait_for(self._proc.wait(), 5)
+                if self._proc.returncode is None:  # mostly reaped by now
+                    await asyncio.wait_for(self._proc.wait(), 5)
             except Exception as exc:  # killed above: only a stuck reaper is left to wait for
                 logger.warning("bwrap pid %d: no exit status 5 s after its kill: %r",
                                self._proc.pid, exc)  # fmt: skip

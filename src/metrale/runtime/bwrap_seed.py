@@ -91,10 +91,9 @@ def _raise_unless_missing(err: int, path: str) -> None:
 
 
 def copy_seed(src_fd: int, dest: Path, max_bytes: int) -> Seeded:
-    """Blocking: copy the tree at directory fd `src_fd` into new directory `dest` (see the
-    module docstring). `src_fd` stays open; the caller closes it."""
+    """Blocking: copy the tree at directory fd `src_fd` into the empty directory `dest` (see
+    the module docstring). `src_fd` stays open; the caller closes it."""
     done = Seeded()
-    dest.mkdir(mode=0o700)
     _copy_dir(src_fd, dest, "", done, max_bytes)
     return done
 

@@ -81,21 +81,38 @@ def leftover_workdirs() -> list[Path]:
     return sorted(found)
 
 
-#: Where a sandbox's control directory goes (`control_dir`).
+#: Where a sandbox's control and staging directories go (`control_dir`, `stage_dir`).
 CONTROL_ROOT = "/dev/shm"
 
 
 def control_dir(workdir: Path) -> Path:
-    """Where the executor's FIFOs of the sandbox whose temp dir is `workdir` are made
-    (`bwrap_exec`): `CONTROL_ROOT/<its name>.ctl` on a tmpfs where the host has one (the
-    suffix: `workdir` itself may be there, with `TMPDIR=/dev/shm`), else
-    `workdir/ctl`. On a disk's filesystem a FIFO is an inode: ext4 spent ~0.2 ms of kernel
-    time on each (its allocator skips recently deleted inodes, and a run deletes them by the
-    thousand), twice a command."""
-    root = Path(CONTROL_ROOT)
-    if root.is_dir() and not root.is_symlink() and os.access(root, os.W_OK | os.X_OK):
-        return root / f"{workdir.name}.ctl"
-    return workdir / "ctl"
+    """Where the executor's FIFOs of the sandbox whose workdir is `workdir` are made
+    (`bwrap_exec`), `<its name>.ctl` (`_beside`). On a disk's filesystem a FIFO is an inode:
+    ext4 spent ~0.2 ms of kernel time on each (its allocator skips recently deleted inodes,
+    and a run deletes them by the thousand), twice a command."""
+    return _beside(workdir, ".ctl")
+
+
+def stage_dir(workdir: Path) -> Path:
+    """Where root's staging paths of the sandbox whose workdir is `workdir` are made
+    (`bwrap_layout.fill`), `<its name>.stage` (`_beside`)."""
+    return _beside(workdir, ".stage")
+
+
+def _beside(workdir: Path, suffix: str) -> Path:
+    """A directory of the sandbox that the sandbox must not reach (its workdir is its own):
+    `CONTROL_ROOT/<workdir's name><suffix>` on a tmpfs where the host has one, else beside the
+    workdir. (The suffix: `workdir` itself may be on that tmpfs, with `TMPDIR=/dev/shm`.)"""
+    root = workdir.parent if not _usable(CONTROL_ROOT) else Path(CONTROL_ROOT)
+    return root / f"{workdir.name}{suffix}"
+
+
+@functools.lru_cache(maxsize=4)
+def _usable(root: str) -> bool:
+    """Whether `root` is a real directory metrale can make directories in (asked once per
+    process: three system calls, twice a start)."""
+    path = Path(root)
+    return path.is_dir() and not path.is_symlink() and os.access(path, os.W_OK | os.X_OK)
 
 
 def leftover_cgroups() -> list[Path]:

@@ -6,7 +6,10 @@ metrale (or a bwrap) killed in between leaves its child running (seen under load
 is SIGKILLed in the first milliseconds of a start). The watchdog waits for its owner to die (a
 pidfd: a reused pid is never mistaken for it), then kills every process in the cgroups of the
 owner's sandboxes and every process naming one of its workdirs, removes those cgroups and
-workdirs, and sweeps again twice, for a start that was in flight at the kill. After a normal
+workdirs, and sweeps again twice, for a start that was in flight at the kill: such a start's
+bwrap may have made the sandbox's PID 1 before the first sweep killed it, and that child,
+outside the cgroups (it enters them once ready) and left waiting for its dead parent forever,
+is found by the workdir its command line names, removed or not. After a normal
 exit (the owner says so on the watchdog's stdin, `procs.CLEAN_EXIT`) one sweep is enough: no
 start is in flight then, and the watchdog is gone a moment after its owner.
 
@@ -55,9 +58,10 @@ def kill(p):
         os.kill(int(p), signal.SIGKILL)
     except (OSError, ValueError):
         pass
+dirs = set()  # every sweep's: a process left by a start in flight names a dir removed since
 for delay in (0,) if clean else (0, 1, 3):
     time.sleep(delay)
-    dirs = [str(d) for root in (tmp, Path("/dev/shm")) for d in root.glob(prefix + "*")]
+    dirs |= {str(d) for root in (tmp, Path("/dev/shm")) for d in root.glob(prefix + "*")}
     for e in os.listdir("/proc"):
         if e.isdigit() and int(e) != os.getpid():
             try:

@@ -12,6 +12,7 @@ sandbox's cgroups are children of the cgroup metrale itself is in, named after i
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -25,7 +26,13 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 def own_cgroup(controller: str) -> Path | None:
     """Where this process sits in the hierarchy that has `controller` (v1), or in the
-    unified hierarchy (v2) when `controller` is delegated there; None otherwise."""
+    unified hierarchy (v2) when `controller` is delegated there; None otherwise. Read once
+    per process (each sandbox asked twice, on a worker thread)."""
+    return _own_cgroup(os.getpid(), controller)
+
+
+@functools.lru_cache(maxsize=16)
+def _own_cgroup(_pid: int, controller: str) -> Path | None:
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
@@ -49,9 +56,15 @@ def own_cgroup(controller: str) -> Path | None:
 
 def _write(path: Path, value: str) -> bool:
     try:
-        path.write_text(value)
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     except OSError:
         return False
+    try:
+        os.write(fd, value.encode())
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
     return True
 
 
@@ -107,10 +120,15 @@ class SandboxCgroup:
         cgroup, no process of its own."""
         for path in self.paths:
             for pid in pids:
+                fd = -1
                 try:
-                    (path / "cgroup.procs").write_text(str(pid))
+                    fd = os.open(path / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+                    os.write(fd, str(pid).encode())
                 except OSError as exc:
                     raise OSError(exc.errno, f"cannot move pid {pid} into cgroup {path}") from exc
+                finally:
+                    if fd >= 0:
+                        os.close(fd)
 
     def remove(self) -> None:
         """Blocking: kills what is left in the cgroups, waits briefly for it to leave, then

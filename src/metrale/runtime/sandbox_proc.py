@@ -36,10 +36,10 @@ class SandboxProcess:
         self.pid = pid
         self.pidfd = os.pidfd_open(pid)
         try:
-            status = Path(f"/proc/{pid}/status").read_text()
-            fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
-            nspids = fields.get("NSpid", "").split()
-            if int(fields.get("PPid", "-1")) != parent or len(nspids) < 2 or nspids[-1] != "1":
+            status = _proc_read(f"/proc/{pid}/status")
+            nspids = _field(status, b"NSpid").split()  # its pid in each namespace, ours first
+            ppid = _field(status, b"PPid")
+            if ppid != str(parent).encode() or len(nspids) < 2 or nspids[-1] != b"1":
                 raise RuntimeError(f"pid {pid} is not the sandbox bwrap reported")
             if not self.alive():
                 raise RuntimeError(f"the sandbox (pid {pid}) exited during start")
@@ -148,9 +148,29 @@ class SandboxProcess:
         self._own = []
 
 
+def _proc_read(path: str) -> bytes:
+    """A small `/proc` file whole, in one `read` (a fifth of `Path.read_text`'s cost: each
+    start reads two, on the event loop)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
+
+
+def _field(status: bytes, name: bytes) -> bytes:
+    """The value of line `name:` of a `/proc/PID/status` text, stripped (b"" if none)."""
+    start = status.find(b"\n" + name + b":\t")
+    if start < 0:
+        return b""
+    start += len(name) + 3
+    end = status.find(b"\n", start)
+    return status[start : end if end >= 0 else None].strip()
+
+
 def _children(pid: int) -> set[int]:
     try:
-        return {int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+        return {int(c) for c in _proc_read(f"/proc/{pid}/task/{pid}/children").split()}
     except OSError:  # a kernel without CONFIG_PROC_CHILDREN: ask every process for its parent
         found = set()
         for entry in os.listdir("/proc"):

@@ -5,10 +5,12 @@ wrap around) and build the messages. generation: one chat call. scoring: extract
 number and compare it with the reference; reward 1.0 on equality, else 0.0.
 
 With a runtime (`--runtime`), scoring runs in the rollout's sandbox, as runtime comparisons do:
-it writes the completion there and runs awk with `grader.awk` (the same extraction rules in
-POSIX awk) as its program text, an argument: a file less per rollout (on a disk whose inode
-allocator skips recently deleted inodes, ~2.6 ms of CPU a rollout in the 512-sandbox cell;
-one upload less on a remote runtime). A Python grader cost an interpreter start per rollout
+it runs awk with `grader.awk` (the same extraction rules in POSIX awk) as its program text and
+the completion as the next argument, so no file is written per rollout (on a disk whose inode
+allocator skips recently deleted inodes, each cost ~1–2.6 ms of CPU a rollout in the
+512-sandbox cell; on a remote runtime, each is an upload). A completion that no argument can
+hold (a NUL byte, or over `TEXT_ARG_MAX` bytes) is written to `completion.txt` and awk reads
+that. A Python grader cost an interpreter start per rollout
 (measured: ~30 ms wall and ~17 ms CPU each, so 512 rollouts spent ~9 s of CPU on 2 cores
 scoring); awk costs ~1 ms. The awk grader declines (exit 3) the texts on which it could differ
 from Python's Unicode-aware regexes (any non-ASCII byte, or a fraction beyond Decimal's 28
@@ -63,6 +65,9 @@ if __name__ == "__main__":
 
 #: awk's exit when it leaves a text to grader.py (3), or when the sandbox has no awk (127)
 AWK_DECLINED = (3, 127)
+#: The longest completion given to awk as an argument (Linux takes 128 KiB an argument; a
+#: remote runtime's exec request carries it too), in bytes.
+TEXT_ARG_MAX = 64 << 10
 
 
 def grader_awk() -> str:
@@ -122,15 +127,20 @@ class _Gsm8kRollout:
             ctx.record.reward = 1.0 if parsed == self.problem.answer else 0.0
             return
         runtime = ctx.runtime
-        await runtime.write("completion.txt", ctx.state["completion"] or "")
+        completion: str = ctx.state["completion"] or ""
         reference = self.problem.answer
-        result = await runtime.run(
-            ["awk", "-v", f"ref={reference}", self.bench.grader_awk, "completion.txt"],
-            env={"LC_ALL": "C"},
-            timeout=60,
-        )
+        awk = ["awk", "-v", f"ref={reference}"]
+        written = "\0" in completion or len(completion.encode()) > TEXT_ARG_MAX
+        if written:
+            await runtime.write("completion.txt", completion)
+            awk += [self.bench.grader_awk, "completion.txt"]
+        else:
+            awk += ["-v", "text_arg=1", self.bench.grader_awk, completion]
+        result = await runtime.run(awk, env={"LC_ALL": "C"}, timeout=60)
         ctx.record.metrics["grader"] = "awk"
         if result.exit_code in AWK_DECLINED and not result.stdout.strip():
+            if not written:
+                await runtime.write("completion.txt", completion)
             await runtime.write("grader.py", self.bench.grader)
             result = await runtime.run(
                 ["python3", "grader.py", "completion.txt", reference], timeout=60

@@ -1,7 +1,9 @@
 # GSM8K grader without an interpreter start: answer.py's extract_answer, in POSIX awk.
 #
 #   LC_ALL=C awk -v ref=REFERENCE -f grader.awk completion.txt
-#   (metrale passes this text as awk's program argument instead: no file per rollout)
+#   LC_ALL=C awk -v ref=REFERENCE -v text_arg=1 -f grader.awk "$COMPLETION"
+#   (metrale passes this program as awk's program argument, and the completion as the next
+#   argument where it fits one and holds no NUL byte: no file per rollout)
 #
 # prints {"parsed": "N" or null, "reward": 1.0 or 0.0}, like `python3 grader.py`. Exit 3 means
 # "not mine, ask grader.py": a byte outside ASCII (Python's \d, \w, \s and IGNORECASE are
@@ -19,12 +21,20 @@ BEGIN {
     WORD = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_."
     hi = sprintf("%c", 128)
     bad = 0
+    if (text_arg) {  # the text itself, read as a file would be: without its last newline
+        T = ARGV[1]
+        sub(/\n$/, "", T)
+        bad = !ascii(T)
+        exit
+    }
 }
 {
-    if (!bad) {
-        for (k = 1; k <= length($0); k++) if (substr($0, k, 1) >= hi) { bad = 1; break }
-    }
+    if (!bad) bad = !ascii($0)
     T = (NR == 1) ? $0 : T "\n" $0
+}
+function ascii(s,    k) {
+    for (k = 1; k <= length(s); k++) if (substr(s, k, 1) >= hi) return 0
+    return 1
 }
 function isws(c) { return c != "" && index(WS, c) > 0 }
 function isdig(c) { return c != "" && index(DIG, c) > 0 }
