@@ -51,38 +51,32 @@ def test_gsm8k_grades_inside_the_runtime(name: str, answering_sim: Sim, tmp_path
     assert result["result"]["metrics"]["runtime_retries"] == 0
 
 
-@pytest.mark.skipif(not HAVE_BWRAP, reason="bwrap not installed")
-def test_a_text_awk_declines_is_graded_by_python_in_the_sandbox(tmp_path: Path) -> None:
-    with start_sim("--reply", "résumé: the answer is 18") as s:
+def graded_in_bwrap(reply: str, out: Path, *flags: str) -> list[tuple[str, str]]:
+    """Two gsm8k rollouts in bwrap against a simulator that answers `reply`: each record's
+    (grader, parsed), once none of them failed."""
+    with start_sim("--reply", reply) as s:
         proc = run_cli(
             ["run", "gsm8k", "--target", s.url, "--runtime", "bwrap", "--rollouts", "2",
-             "--seed", "none", "--out", str(tmp_path), "--no-preflight"],
+             "--seed", "none", "--out", str(out), "--no-preflight", *flags],
             timeout=180,
         )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    for line in (tmp_path / "rollouts.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        assert record["error"] is None
-        assert record["metrics"]["grader"] == "python"
-        assert record["metrics"]["parsed"] == "18"
+    records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and all(r["error"] is None for r in records)
+    return [(r["metrics"]["grader"], r["metrics"]["parsed"]) for r in records]
+
+
+@pytest.mark.skipif(not HAVE_BWRAP, reason="bwrap not installed")
+def test_a_text_awk_declines_is_graded_by_python_in_the_sandbox(tmp_path: Path) -> None:
+    assert graded_in_bwrap("résumé: the answer is 18", tmp_path) == [("python", "18")] * 2
 
 
 @pytest.mark.skipif(not HAVE_BWRAP, reason="bwrap not installed")
 def test_a_completion_too_long_for_an_argument_is_graded_from_a_file(tmp_path: Path) -> None:
     words = TEXT_ARG_MAX // 5
     reply = "step " * words + "so the answer is #### 18"
-    with start_sim("--reply", reply) as s:
-        proc = run_cli(
-            ["run", "gsm8k", "--target", s.url, "--runtime", "bwrap", "--rollouts", "2",
-             "--seed", "none", "--out", str(tmp_path), "--no-preflight",
-             "--max-tokens", str(words + 10)],
-            timeout=180,
-        )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    for line in (tmp_path / "rollouts.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        assert record["error"] is None
-        assert (record["metrics"]["grader"], record["metrics"]["parsed"]) == ("awk", "18")
+    graded = graded_in_bwrap(reply, tmp_path, "--max-tokens", str(words + 10))
+    assert graded == [("awk", "18")] * 2
 
 
 def test_without_a_runtime_grading_stays_in_process(sim: Sim, tmp_path: Path) -> None:
