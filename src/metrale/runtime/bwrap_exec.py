@@ -285,7 +285,7 @@ class Executor:
         command = _Command(loop.create_future(), loop.create_future(), loop.create_future())
         command.fifos = self._fifos(n, stdin is not None)
         fds: list[int] = []
-        transports: list[_Closes] = []
+        closers: list[_Closes] = []
         out, err = CappedBuffer(cap), CappedBuffer(cap)
         timed_out = False
         self._pending[n] = command
@@ -296,7 +296,7 @@ class Executor:
             self._scripts.write(script)
             deadline = None if timeout is None else loop.time() + timeout
             try:
-                code = await self._finish(command, fds, transports, out, err, stdin, deadline)
+                code = await self._finish(command, fds, closers, out, err, stdin, deadline)
             except TimeoutError:
                 timed_out = True
                 code = 124
@@ -307,8 +307,8 @@ class Executor:
             raise
         finally:
             del self._pending[n]
-            for transport in transports:
-                transport.close()
+            for closer in closers:
+                closer.close()
             for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
@@ -319,7 +319,7 @@ class Executor:
         self,
         command: _Command,
         fds: list[int],
-        transports: list[_Closes],
+        closers: list[_Closes],
         out: CappedBuffer,
         err: CappedBuffer,
         stdin: bytes | None,
@@ -337,10 +337,10 @@ class Executor:
         closed = []
         for fd, buffer in ((fds[0], out), (fds[1], err)):
             drain = _Drain(loop, fd, buffer)
-            transports.append(drain)
+            closers.append(drain)
             closed.append(drain.closed)
         if stdin is not None:
-            await self._feed(command.fifos[2], stdin, transports)
+            await self._feed(command.fifos[2], stdin, closers)
             os.close(fds.pop())  # held only so that W's open did not wait
         self._unlink(command.fifos)  # opened: the sandbox cannot open them again
         both = _all(closed)
@@ -357,7 +357,7 @@ class Executor:
             await _first(PIPE_GRACE_S, both)
         return code
 
-    async def _feed(self, name: str, data: bytes, transports: list[_Closes]) -> None:
+    async def _feed(self, name: str, data: bytes, closers: list[_Closes]) -> None:
         """Write `data` to the FIFO W reads as stdin, then EOF. Through a write-only end of
         its own: asyncio takes a readable write end for a closed reader, and the read-write
         end that kept W's open from waiting is readable while data waits in it."""
@@ -367,7 +367,7 @@ class Executor:
             return
         loop = asyncio.get_running_loop()
         writing, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(fd, "wb", 0))
-        transports.append(writing)
+        closers.append(writing)
         with contextlib.suppress(OSError):
             writing.write(data)
             writing.write_eof()
