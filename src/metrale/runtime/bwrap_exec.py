@@ -272,10 +272,12 @@ class Executor:
         cap: int,
         cpu_s: int | None,
         kill_tree: KillTree,
+        out: CappedBuffer | None = None,
     ) -> ProgramResult:
         """Run one command (see the module docstring). `kill_tree(pid)` kills the process
-        tree of a pid of the sandbox (blocking; run in a thread). RuntimeError when the
-        executor has ended; the caller tells a lost sandbox from it."""
+        tree of a pid of the sandbox (blocking; run in a thread). `out`, when given, takes
+        the command's stdout as bytes (the result's `stdout` is its text). RuntimeError when
+        the executor has ended; the caller tells a lost sandbox from it."""
         if self.ended.done() or self._scripts is None:
             raise RuntimeError("the sandbox's executor has ended")
         started = time.perf_counter()
@@ -286,7 +288,7 @@ class Executor:
         command.fifos = self._fifos(n, stdin is not None)
         fds: list[int] = []
         closers: list[_Closes] = []
-        out, err = CappedBuffer(cap), CappedBuffer(cap)
+        out, err = out or CappedBuffer(cap), CappedBuffer(cap)
         timed_out = False
         self._pending[n] = command
         try:

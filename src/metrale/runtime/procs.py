@@ -122,6 +122,11 @@ class CappedBuffer:
     def dropped(self) -> int:
         return self.total - len(self.head) - min(len(self.tail), self.tail_cap)
 
+    def data(self) -> bytes:
+        """What was kept, as bytes: the whole stream when nothing was dropped."""
+        tail = bytes(self.tail[-self.tail_cap :]) if self.tail_cap else b""
+        return bytes(self.head) + tail
+
     def text(self) -> str:
         tail = bytes(self.tail[-self.tail_cap :]) if self.tail_cap else b""
         if self.dropped:
