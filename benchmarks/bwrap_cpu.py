@@ -5,7 +5,8 @@ noise hurts least. Each repeat runs, one after the other:
 
 - **floor**: `bwrap_scale.floor(N)` (issue 27's N bare `bwrap ... true` at once);
 - **each tree** given (`--tree LABEL=SRC`, default: this checkout's `src`):
-  `metrale run gsm8k --runtime bwrap --rollouts N` (unbounded) against `metrale sim`.
+  `metrale run gsm8k --runtime bwrap --rollouts N` (unbounded) against `metrale sim`, the
+  trees' order turned by one each repeat (a run pays for the run before it: see `main`).
 
 For each it reports the machine's busy CPU over the run (`/proc/stat`: user, nice, system, irq,
 softirq; idle, iowait and steal left out), per rollout (floor: per sandbox), and for metrale
@@ -131,7 +132,12 @@ def main() -> int:
             fl = run_floor(n)
             rows["floor"].append(fl)
             print(f"repeat {i} floor: {json.dumps(_round(fl))}", flush=True)
-            for label, src in trees.items():
+            # the trees' order turns each repeat: on an ext4 without a journal a run pays for
+            # the workdirs the run before it deleted (~0.6 ms a rollout, measured), so a tree
+            # always second would always pay
+            order = list(trees.items())
+            k = i % len(order)
+            for label, src in order[k:] + order[:k]:
                 time.sleep(1.0)
                 row = run_cell(url, n, src, args.perf)
                 rows[label].append(row)

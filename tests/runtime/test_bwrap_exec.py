@@ -119,6 +119,30 @@ def test_a_killed_command_is_reported_killed_and_the_sandbox_goes_on(marker: str
     assert in_bwrap(body) == (137, 137, "still here\n")
 
 
+def test_a_command_that_signals_its_process_group_ends_itself_not_the_sandbox() -> None:
+    """Without job control every process of the sandbox shares one process group, so a
+    command's `kill 0` (SIGTERM, as `trap 'kill 0' EXIT` sends at a script's end) reaches the
+    executor and W too: they ignore it, the command gets it at its default."""
+
+    async def body(rt: Runtime) -> list[tuple[int, str]]:
+        done = []
+        for command in ("sleep 30 & kill 0; echo not reached",
+                        "trap 'kill 0' EXIT; sleep 30 & echo started",
+                        "kill -USR1 0",
+                        "echo still here; grep SigIgn /proc/self/status"):  # fmt: skip
+            result = await rt.run(command, timeout=20)
+            done.append((result.exit_code, result.stdout))
+        return done
+
+    term, trapped, usr1, after = in_bwrap(body)
+    assert term == (143, "") and trapped == (143, "started\n") and usr1[0] == 138
+    lines = after[1].splitlines()
+    assert after[0] == 0 and lines[0] == "still here"
+    ignored = int(lines[1].split()[1], 16)
+    for sig in (1, 10, 12, 14, 15):  # HUP, USR1, USR2, ALRM, TERM: the command's own again
+        assert not ignored & 1 << (sig - 1), sig
+
+
 def test_a_command_that_exits_137_itself_is_answered_at_once() -> None:
     async def body(rt: Runtime) -> tuple[int, float]:
         started = time.perf_counter()

@@ -40,3 +40,18 @@ def test_a_regular_file_outside_the_workdir_still_reads() -> None:
             return await rt.read("/tmp/link")
 
     assert asyncio.run(main()) == b"in tmp"
+
+
+def test_a_binary_file_outside_the_workdir_reads_byte_for_byte() -> None:
+    """Through the sandbox, a file's bytes come back as they are: a command's stdout is text
+    (invalid UTF-8 replaced), a file is not. Written through the sandbox too."""
+    blob = bytes(range(256)) * 64 + b"\xff\xfe\x00\x80"
+
+    async def main() -> tuple[bytes, str]:
+        async with create_runtime(runtime_config("bwrap")) as rt:
+            await rt.write("/tmp/blob.bin", blob)
+            size = (await rt.run("wc -c < /tmp/blob.bin")).stdout.strip()
+            return await rt.read("/tmp/blob.bin"), size
+
+    read, size = asyncio.run(main())
+    assert size == str(len(blob)) and read == blob

@@ -19,6 +19,7 @@ from metrale.runtime.beneath import SymlinkInPath, read_beneath, write_beneath
 from metrale.runtime.bwrap_exec import Executor
 from metrale.runtime.bwrap_setup import SANDBOX_PATH
 from metrale.runtime.cgroups import SandboxCgroup
+from metrale.runtime.procs import CappedBuffer
 from metrale.runtime.sandbox_proc import SandboxProcess
 
 if TYPE_CHECKING:
@@ -78,6 +79,7 @@ class BwrapCommands(RuntimeBase):
         timeout: float | None = None,
         stdin: bytes | None = None,
         cap: int | None = None,
+        out: CappedBuffer | None = None,
     ) -> ProgramResult:
         sandbox, executor = self._sandbox, self._executor
         if sandbox is None or executor is None or self._stopped:
@@ -94,6 +96,7 @@ class BwrapCommands(RuntimeBase):
                 cap=cap or self.config.output_cap_bytes,
                 cpu_s=self.config.limits.cpu_s,
                 kill_tree=sandbox.kill_tree,
+                out=out,
             )
         except RuntimeError:  # the executor ended meanwhile
             await self._lost()
@@ -152,13 +155,17 @@ class BwrapCommands(RuntimeBase):
                 return await asyncio.to_thread(read_beneath, str(self.host_workdir), rel)
         # inside: links resolve to the sandbox's own files; only a regular file, in bounded
         # time (a FIFO or /dev/zero there must not hold the rollout or fill metrale's memory)
+        # the bytes as they are (a command's stdout is text, with invalid UTF-8 replaced)
+        content = CappedBuffer(READ_CAP_BYTES)
         argv = ["sh", "-c", _READ_REGULAR, path]
-        result = await self._exec(argv, cap=READ_CAP_BYTES, timeout=READ_TIMEOUT_S)
+        result = await self._exec(argv, cap=READ_CAP_BYTES, timeout=READ_TIMEOUT_S, out=content)
         if result.timed_out:
             raise OSError(f"{path}: not read within {READ_TIMEOUT_S:g} s")
         if result.exit_code != 0:
             raise FileNotFoundError(f"{path}: {result.stderr.strip()}")
-        return result.stdout.encode()
+        if content.dropped:
+            raise OSError(f"{path}: larger than {READ_CAP_BYTES >> 20} MiB, not read")
+        return content.data()
 
     async def write(self, path: str, data: bytes | str) -> None:
         payload = data.encode() if isinstance(data, str) else data

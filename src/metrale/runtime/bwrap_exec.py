@@ -62,13 +62,22 @@ CONTROL = "/run/metrale"
 EXECUTOR = ["sh", "-s"]
 
 
+#: Signals the executor and each command's W ignore and the command gets back at their
+#: defaults: a command's `kill 0` (SIGTERM to its process group, as `trap 'kill 0' EXIT` does)
+#: reaches the executor and W too, since without job control every process of the sandbox
+#: shares one group, and would end the sandbox. SIGKILL cannot be ignored: `kill -9 0` still
+#: does. (SIGINT and SIGQUIT a background command ignores anyway, as POSIX has it.)
+SHIELDED = "HUP TERM USR1 USR2 ALRM"
+
+
 def executor_preamble(limits: Limits, *, address_space: bool) -> bytes:
     """What metrale writes first to the executor's stdin. It lowers the executor's rlimits,
     soft and hard, to `limits` (CPU seconds aside: they count per process, so each command
     gets its own, `command_script`; address space only with `address_space`), before anything
     else runs in the sandbox, so every command inherits them and none can raise them. (Set
     from the host, they would need CAP_SYS_RESOURCE over the sandbox's host uid, which a
-    container's root often lacks.) Then it answers "ready" and sends its stderr to /dev/null;
+    container's root often lacks.) Then it ignores `SHIELDED`, answers "ready" and sends its
+    stderr to /dev/null;
     a script per command follows (`command_script`). EOF on its stdin (metrale gone, or
     `stop()`) ends it, and with it the sandbox. Processes are `-p` to dash and `-u` to bash
     and busybox."""
@@ -81,7 +90,7 @@ def executor_preamble(limits: Limits, *, address_space: bool) -> bytes:
     if limits.file_size_mb is not None:
         steps.append(f"ulimit -f {int(limits.file_size_mb) << 11}")  # 512-byte blocks
     bound = " && ".join(steps) + " || exit 1\n" if steps else ""
-    return (bound + "echo ready; exec 2>/dev/null\n").encode()
+    return (bound + f"trap '' {SHIELDED}; echo ready; exec 2>/dev/null\n").encode()
 
 
 #: An answer longer than this is not one of the executor's.
@@ -127,7 +136,9 @@ def command_script(
     q = shlex.quote
     base = f"{CONTROL}/{n}"
     inputs = f"<{q(base + '.i')} " if stdin else ""
-    steps = [f"cd -- {q(cwd)} || exit"] if cwd else []
+    steps = [f"trap - {SHIELDED}"]  # the command's own: as they were
+    if cwd:
+        steps.append(f"cd -- {q(cwd)} || exit")
     steps.append("unset PWD OLDPWD")
     if cpu_s is not None:
         steps.append(f"ulimit -t {int(cpu_s)} || exit 126")
@@ -272,10 +283,12 @@ class Executor:
         cap: int,
         cpu_s: int | None,
         kill_tree: KillTree,
+        out: CappedBuffer | None = None,
     ) -> ProgramResult:
         """Run one command (see the module docstring). `kill_tree(pid)` kills the process
-        tree of a pid of the sandbox (blocking; run in a thread). RuntimeError when the
-        executor has ended; the caller tells a lost sandbox from it."""
+        tree of a pid of the sandbox (blocking; run in a thread). `out`, when given, takes
+        the command's stdout as bytes (the result's `stdout` is its text). RuntimeError when
+        the executor has ended; the caller tells a lost sandbox from it."""
         if self.ended.done() or self._scripts is None:
             raise RuntimeError("the sandbox's executor has ended")
         started = time.perf_counter()
@@ -286,7 +299,7 @@ class Executor:
         command.fifos = self._fifos(n, stdin is not None)
         fds: list[int] = []
         closers: list[_Closes] = []
-        out, err = CappedBuffer(cap), CappedBuffer(cap)
+        out, err = out or CappedBuffer(cap), CappedBuffer(cap)
         timed_out = False
         self._pending[n] = command
         try:

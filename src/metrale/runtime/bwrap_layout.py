@@ -17,6 +17,7 @@ from metrale.runtime.bwrap_setup import (
     SANDBOX_PATH,
     SANDBOX_UID,
     WORKDIR_PREFIX,
+    etc_root,
     hand_over,
     privileged,
     stage_dir,
@@ -80,7 +81,7 @@ def fill(
             src = str(staged)
         binds.append((src, bind.dst or bind.src, bind.writable))
     # an image brings its own /etc
-    etc = None if config.root is not None else etc_view(tmp, owner_prefix(WORKDIR_PREFIX))
+    etc = None if config.root is not None else etc_view(etc_root(tmp), owner_prefix(WORKDIR_PREFIX))
     return Layout(binds, staging, root, etc), skipped or []
 
 

@@ -33,6 +33,7 @@ from metrale.runtime.bwrap_setup import (
     WORKDIR_PREFIX,
     as_uid,
     control_dir,
+    etc_root,
     privileged,
     sandbox_tmpdir,
     stage_argv,
@@ -67,7 +68,7 @@ def check_bwrap(config: BwrapConfig | None = None) -> None:
     tmp = sandbox_tmpdir()
     ensure_watchdog(tmp, WORKDIR_PREFIX)
     with contextlib.suppress(OSError):
-        etc_view(tmp, owner_prefix(WORKDIR_PREFIX))
+        etc_view(etc_root(tmp), owner_prefix(WORKDIR_PREFIX))
 
 
 def _remove(path: Path) -> None:

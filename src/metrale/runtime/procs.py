@@ -1,5 +1,5 @@
 """Host process plumbing shared by the runtimes: spawning with capped output, the environment
-a command may inherit, resource-limit wrappers, dying with metrale, killing process trees, rate
+a command may inherit, resource-limit wrappers, killing process trees, rate
 limiting.
 
 Output is streamed, never buffered whole: a command that prints 1 GB keeps its first and last
@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import ctypes
 import functools
 import os
 import shutil
@@ -42,8 +41,6 @@ HOST_ENV_ALLOW = (
     "TERM", "TZ", "TMPDIR", "USER", "LOGNAME", "SHELL",
 )  # fmt: skip
 
-PR_SET_PDEATHSIG = 1
-
 #: Where metrale looks up the host tools it runs itself (`sh`, `prlimit`, `setpriv`,
 #: `bwrap`, ...): system directories only, never a PATH that an image, a task or a command's
 #: environment could have set.
@@ -68,28 +65,6 @@ def host_tool(name: str) -> str:
 def allowed_env(env: Mapping[str, str]) -> dict[str, str]:
     """The part of `env` a sandboxed command may inherit: the names in `HOST_ENV_ALLOW`."""
     return {k: env[k] for k in HOST_ENV_ALLOW if k in env}
-
-
-def die_with_us() -> Callable[[], None]:
-    """A `preexec_fn` that makes the child get SIGKILL when this process dies, without the race
-    of setting it later: if we died between fork and `prctl`, the child exits at once.
-
-    The kernel sends the signal when the *thread* that forked the child exits, so spawn from
-    the thread that lives as long as the sandbox (the event loop's), never from a worker."""
-    parent = os.getpid()
-    prctl = _libc().prctl
-
-    def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:
-            os._exit(137)
-
-    return preexec
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
 
 
 class Limits(BaseModel):
@@ -146,6 +121,11 @@ class CappedBuffer:
     @property
     def dropped(self) -> int:
         return self.total - len(self.head) - min(len(self.tail), self.tail_cap)
+
+    def data(self) -> bytes:
+        """What was kept, as bytes: the whole stream when nothing was dropped."""
+        tail = bytes(self.tail[-self.tail_cap :]) if self.tail_cap else b""
+        return bytes(self.head) + tail
 
     def text(self) -> str:
         tail = bytes(self.tail[-self.tail_cap :]) if self.tail_cap else b""
