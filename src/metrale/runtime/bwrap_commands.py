@@ -154,8 +154,8 @@ class BwrapCommands(RuntimeBase):
             with contextlib.suppress(SymlinkInPath):  # links resolve inside, as the sandbox's
                 return await asyncio.to_thread(read_beneath, str(self.host_workdir), rel)
         # inside: links resolve to the sandbox's own files; only a regular file, in bounded
-        # time (a FIFO or /dev/zero there must not hold the rollout or fill metrale's memory)
-        # the bytes as they are (a command's stdout is text, with invalid UTF-8 replaced)
+        # time (a FIFO or /dev/zero there must not hold the rollout or fill metrale's memory),
+        # its bytes as they are (the result's stdout is text, invalid UTF-8 replaced)
         content = CappedBuffer(READ_CAP_BYTES)
         argv = ["sh", "-c", _READ_REGULAR, path]
         result = await self._exec(argv, cap=READ_CAP_BYTES, timeout=READ_TIMEOUT_S, out=content)

@@ -17,8 +17,8 @@ The copy is taken when the process starts its first sandbox, so an edit to the h
 during a run is seen by the next run, not this one. It goes on `/dev/shm` where the host has
 it (`bwrap_setup.etc_root`: on a disk, ~700 inodes made and deleted a run cost ~40 times the
 CPU), else beside the workdirs. It is named like a workdir (`metrale-bwrap-<pid>-etc-*`): the
-watchdog removes it when a SIGKILLed metrale leaves it,
-`metrale cleanup` keeps it while its process lives; a normal exit removes it at exit.
+watchdog removes it when a SIGKILLed metrale leaves it, `metrale cleanup` keeps it while its
+process lives; a normal exit removes it at exit.
 """
 
 from __future__ import annotations

@@ -77,10 +77,9 @@ def executor_preamble(limits: Limits, *, address_space: bool) -> bytes:
     else runs in the sandbox, so every command inherits them and none can raise them. (Set
     from the host, they would need CAP_SYS_RESOURCE over the sandbox's host uid, which a
     container's root often lacks.) Then it ignores `SHIELDED`, answers "ready" and sends its
-    stderr to /dev/null;
-    a script per command follows (`command_script`). EOF on its stdin (metrale gone, or
-    `stop()`) ends it, and with it the sandbox. Processes are `-p` to dash and `-u` to bash
-    and busybox."""
+    stderr to /dev/null; a script per command follows (`command_script`). EOF on its stdin
+    (metrale gone, or `stop()`) ends it, and with it the sandbox. Processes are `-p` to dash
+    and `-u` to bash and busybox."""
     steps = []
     if limits.max_procs is not None:
         n = int(limits.max_procs)

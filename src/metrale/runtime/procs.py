@@ -1,6 +1,5 @@
 """Host process plumbing shared by the runtimes: spawning with capped output, the environment
-a command may inherit, resource-limit wrappers, killing process trees, rate
-limiting.
+a command may inherit, resource-limit wrappers, killing process trees, rate limiting.
 
 Output is streamed, never buffered whole: a command that prints 1 GB keeps its first and last
 `cap / 2` bytes and counts the rest as dropped. A command's exit does not wait for its pipes to
@@ -124,15 +123,16 @@ class CappedBuffer:
 
     def data(self) -> bytes:
         """What was kept, as bytes: the whole stream when nothing was dropped."""
-        tail = bytes(self.tail[-self.tail_cap :]) if self.tail_cap else b""
-        return bytes(self.head) + tail
+        return bytes(self.head) + self._tail()
 
     def text(self) -> str:
-        tail = bytes(self.tail[-self.tail_cap :]) if self.tail_cap else b""
         if self.dropped:
             marker = f"\n[... {self.dropped} bytes dropped ...]\n".encode()
-            return (bytes(self.head) + marker + tail).decode("utf-8", "replace")
-        return (bytes(self.head) + tail).decode("utf-8", "replace")
+            return (bytes(self.head) + marker + self._tail()).decode("utf-8", "replace")
+        return self.data().decode("utf-8", "replace")
+
+    def _tail(self) -> bytes:
+        return bytes(self.tail[-self.tail_cap :]) if self.tail_cap else b""
 
 
 class Capture(asyncio.Protocol):
