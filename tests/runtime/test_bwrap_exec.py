@@ -6,6 +6,7 @@ timeout and kill, several at once, and a sandbox whose process count does not gr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import tempfile
 import time
@@ -182,11 +183,31 @@ def test_many_commands_leave_no_process_behind_within_a_small_process_limit() ->
     assert count <= 8
 
 
-def test_a_sandbox_whose_executor_dies_is_lost() -> None:
+EXECUTOR_KILL = "kill -9 $(cat /proc/1/task/1/children)"  # PID 1's one child: the executor
+
+
+def test_a_sandbox_whose_executor_dies_under_a_command_is_lost() -> None:
     async def body(rt: Runtime) -> None:
         assert isinstance(rt, BwrapRuntime)
+        started = time.perf_counter()
         with pytest.raises(SandboxLostError):
-            await rt.run("kill -9 $(cat /proc/1/task/1/children)")
+            await rt.run(f"{EXECUTOR_KILL}; sleep 30")
+        assert time.perf_counter() - started < 15
+        with pytest.raises(SandboxLostError):
+            await rt.run("echo after")
+
+    in_bwrap(body)
+
+
+def test_a_command_that_kills_the_executor_and_exits_leaves_the_sandbox_lost() -> None:
+    """Its own status may come back before the executor has died (SIGKILL is delivered when
+    the executor next runs, and W answers as soon as `kill` returns, more often on a loaded
+    machine); the sandbox is lost for every command after it either way."""
+
+    async def body(rt: Runtime) -> None:
+        assert isinstance(rt, BwrapRuntime)
+        with contextlib.suppress(SandboxLostError):
+            assert (await rt.run(EXECUTOR_KILL)).exit_code == 0
         with pytest.raises(SandboxLostError):
             await rt.run("echo after")
 

@@ -34,7 +34,10 @@ found in the sandbox's PID namespace (`SandboxProcess.kill_tree`).
 
 What a command's end means: its `exit` answer, or both FIFOs at EOF with no answer (W was
 killed: status 137, as a shell reports SIGKILL), or the executor's stdout at EOF (the sandbox
-died: `SandboxLostError`, from `BwrapCommands`). A timeout kills W's process tree (status 124).
+died: `SandboxLostError`, from `BwrapCommands`). A timeout kills W's process tree, parents
+first (status 124). A command that kills the executor and exits at once can have its status
+answered before the executor has died (a SIGKILL takes effect when its target next runs): its
+result stands, and the sandbox is found lost at the next command.
 """
 
 from __future__ import annotations

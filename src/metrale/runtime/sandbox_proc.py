@@ -115,8 +115,10 @@ class SandboxProcess:
         """Blocking: SIGKILL the process that is `nspid` in the sandbox's PID namespace and
         every process descending from it, scanning again until none is left alive (a process
         whose parent died before a scan found it is reparented to PID 1 and escapes this, as
-        a `setsid` daemon escapes a process group kill; `kill_commands` ends those). PID 1 and
-        the sandbox's own command are never signalled. Returns how many signals were sent."""
+        a `setsid` daemon escapes a process group kill; `kill_commands` ends those). Parents
+        go before their children: a shell killed after its child would run its next command
+        first (`sleep 9; echo late` printed `late` past its timeout). PID 1 and the sandbox's
+        own command are never signalled. Returns how many signals were sent."""
         try:
             ns = os.stat(f"/proc/{self.pid}/ns/pid")
         except OSError:
@@ -181,9 +183,10 @@ def _children(pid: int) -> set[int]:
         return found
 
 
-def _tree(nspid: int, ns: tuple[int, int], spared: set[int]) -> set[int]:
+def _tree(nspid: int, ns: tuple[int, int], spared: set[int]) -> list[int]:
     """Host pids of the live process that is `nspid` in PID namespace `ns` and of its live
-    descendants (a zombie's `NSpid` is still shown: skipped, it holds nothing)."""
+    descendants, each after its parent (a zombie's `NSpid` is still shown: skipped, it holds
+    nothing)."""
     parents: dict[int, int] = {}
     root = None
     for entry in os.listdir("/proc"):
@@ -202,16 +205,20 @@ def _tree(nspid: int, ns: tuple[int, int], spared: set[int]) -> set[int]:
         parents[int(entry)] = int(fields.get("PPid", "0"))
         if nspids[1] == str(nspid):  # the sandbox's level, below metrale's own
             root = int(entry)
-    if root is None:
-        return set()
-    tree = {root}
-    grew = True
-    while grew:
-        grew = False
-        for pid, parent in parents.items():
-            if parent in tree and pid not in tree:
-                tree.add(pid)
-                grew = True
+    return [] if root is None else family(root, parents)
+
+
+def family(root: int, parents: dict[int, int]) -> list[int]:
+    """`root` and its descendants by `parents` (pid: its parent's pid), each after its parent.
+    A loop (a pid reused between two reads of one scan can close one) is walked once."""
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    tree, seen = [root], {root}
+    for pid in tree:  # breadth first: the list grows as it is walked
+        grown = [c for c in children.get(pid, ()) if c not in seen]
+        seen.update(grown)
+        tree += grown
     return tree
 
 
